@@ -1,0 +1,29 @@
+"""Masks: boolean, True = may attend, shaped to broadcast against (B, H, T_q, T_k)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def make_padding_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
+    """(B, T) ids -> (B, 1, 1, T): every query may look at every non-pad key."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def make_causal_mask(seq_len: int) -> np.ndarray:
+    """(1, 1, T, T), lower triangular: position i may look at positions 0..i only."""
+    return np.tril(np.ones((seq_len, seq_len), dtype=bool))[None, None, :, :]
+
+
+def make_decoder_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
+    """Decoder self-attention: causal AND key not padding -> (B, 1, T, T)."""
+    return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1])
+
+
+def make_cross_attention_mask(src_ids: np.ndarray, pad_id: int) -> np.ndarray:
+    """Decoder queries over encoder keys: hide the *source* padding -> (B, 1, 1, T_src).
+
+    It broadcasts over the T_tgt query rows; its last axis is the source length, not
+    the target length (the mismatch the seeds' decoder tripped on).
+    """
+    return make_padding_mask(src_ids, pad_id)

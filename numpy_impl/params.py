@@ -1,0 +1,62 @@
+"""Canonical weight dicts <-> modules. The canonical names are the modules' attribute paths."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from transformer_spec import Config, load_params, param_schema
+from transformer_spec.checks import check_dtype_request, check_params, check_params_dtype
+
+from .model import MODEL_CLASSES
+
+
+def _parent(module: Any, name: str) -> tuple[Any, str]:
+    """'encoder.layers.0.ffn.w_1.weight' -> (the w_1 Linear, 'weight')."""
+    *path, leaf = name.split(".")
+    for part in path:
+        module = module[int(part)] if part.isdigit() else getattr(module, part)
+    if module is None:  # e.g. the tied generator's missing projection
+        raise AttributeError(name)
+    return module, leaf
+
+
+def from_params(module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:
+    """Build ``module_class(config)`` and load the canonical ``params`` into it."""
+    schema = param_schema(config, module_class.schema)
+    check_params({k: tuple(np.shape(v)) for k, v in params.items()}, schema, what=f"{module_class.__name__}'s config")
+    found = check_params_dtype({k: str(np.asarray(v).dtype) for k, v in params.items()})
+    dtype = dtype or found
+    check_dtype_request(dtype)
+    module = module_class(config, dtype)
+    for name in schema:
+        parent, leaf = _parent(module, _attribute_path(name))
+        setattr(parent, leaf, np.array(params[name], dtype=dtype))  # a copy: the module owns its weights
+    return module
+
+
+def to_params(module: Any) -> dict[str, np.ndarray]:
+    """The module's weights under their canonical names, as NumPy arrays."""
+    params = {}
+    for name in param_schema(module.config, module.schema):
+        parent, leaf = _parent(module, _attribute_path(name))
+        params[name] = np.array(getattr(parent, leaf))
+    return params
+
+
+def _attribute_path(name: str) -> str:
+    # The generator's Linear sits at ``generator.proj`` (the module also knows the tied case).
+    return name.replace("generator.", "generator.proj.", 1) if name.startswith("generator.") else name
+
+
+def build_model(config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:
+    """The model class that ``config.kind`` names, loaded with ``params``."""
+    return from_params(MODEL_CLASSES[config.kind], config, params, dtype)
+
+
+def load_model(path: str, dtype: str | None = None) -> Any:
+    """A model from a safetensors file written by ``transformer_spec.save_params``."""
+    params, config = load_params(path)
+    return build_model(config, params, dtype)

@@ -1,0 +1,174 @@
+"""Input checks shared by the three backends.
+
+Each backend reads shapes, dtypes and value ranges off its own arrays and hands
+plain Python values to these functions, so the rule and the error message are
+written once and are the same in NumPy, JAX and PyTorch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .schema import Schema
+
+
+class WeightsError(ValueError):
+    """A weights dict that does not fit the config (missing, unexpected, mis-shaped keys)."""
+
+
+class WeightsFileError(ValueError):
+    """A file that is not one of our safetensors weights files."""
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(str(int(d)) for d in shape) + ")"
+
+
+def check_token_ids(
+    name: str, shape: Sequence[int], dtype: str, is_integer: bool, vocab_size: int, max_len: int | None
+) -> None:
+    """ids must be an integer (B, T) array with T <= max_len."""
+    if not is_integer:
+        raise TypeError(f"{name} must be integer token ids, got dtype {dtype}")
+    if len(shape) != 2:
+        raise ValueError(f"{name} must have shape (batch, seq_len), got shape {_shape(shape)}")
+    if shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one token, got shape {_shape(shape)}")
+    if max_len is not None and shape[1] > max_len:
+        raise ValueError(
+            f"{name} has sequence length {shape[1]} but the model's max_len is {max_len} "
+            f"(the positional table has {max_len} rows)"
+        )
+
+
+def check_token_id_range(name: str, bad_ids: Sequence[int], vocab_size: int) -> None:
+    """``bad_ids``: the distinct ids outside [0, vocab_size), as the backend found them."""
+    if len(bad_ids):
+        shown = sorted(int(i) for i in bad_ids)[:8]
+        raise ValueError(f"{name} must lie in [0, {vocab_size}) (the vocabulary size), but contains {shown}")
+
+
+def check_mask(
+    name: str, shape: Sequence[int] | None, dtype: str, is_bool: bool, expected: Sequence[int]
+) -> None:
+    """A mask is boolean (True = may attend) with as many dims as the scores ``expected``
+    (B, H, T_q, T_k), each of size 1 or equal to the scores'.
+
+    Same rank on purpose: a (B, T_k) padding mask would otherwise broadcast against
+    (T_q, T_k) and be silently wrong whenever B == T_q.
+    """
+    if shape is None:
+        return
+    dims = "(B, H, T_q, T_k) = " if len(expected) == 4 else ""
+    want = f"a boolean mask (True = may attend) broadcastable to {dims}{_shape(expected)} with {len(expected)} dims"
+    if not is_bool:
+        raise TypeError(f"{name} must be {want}, got dtype {dtype}")
+    fits = len(shape) == len(expected) and all(s in (1, e) for s, e in zip(shape, expected))
+    if not fits:
+        raise ValueError(f"{name} must be {want}, got shape {_shape(shape)}")
+
+
+def check_attention_inputs(
+    q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int]
+) -> None:
+    """q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v), same leading dims."""
+    q, k, v = tuple(q_shape), tuple(k_shape), tuple(v_shape)
+    ok = (
+        len(q) >= 2
+        and len(q) == len(k) == len(v)
+        and q[:-2] == k[:-2] == v[:-2]
+        and q[-1] == k[-1]
+        and k[-2] == v[-2]
+    )
+    if not ok:
+        raise ValueError(
+            "expected q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v) with the same leading "
+            f"dims, got q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
+        )
+
+
+def check_attention_projections(
+    q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], d_model: int
+) -> None:
+    """Multi-head attention inputs: query (B, T_q, d_model), key and value (B, T_k, d_model)."""
+    q, k, v = tuple(q_shape), tuple(k_shape), tuple(v_shape)
+    ok = (
+        len(q) == len(k) == len(v) == 3
+        and q[-1] == k[-1] == v[-1] == d_model
+        and q[0] == k[0] == v[0]
+        and k[1] == v[1]
+    )
+    if not ok:
+        raise ValueError(
+            f"expected query (B, T_q, d_model={d_model}), key and value (B, T_k, d_model={d_model}), "
+            f"got query {_shape(q)}, key {_shape(k)}, value {_shape(v)}"
+        )
+
+
+def check_hidden(name: str, shape: Sequence[int], d_model: int) -> None:
+    """Activations entering a layer: (B, T, d_model)."""
+    if len(shape) != 3 or shape[-1] != d_model:
+        raise ValueError(f"{name} must have shape (batch, seq_len, d_model={d_model}), got {_shape(shape)}")
+
+
+def check_same_batch(names: tuple[str, str], shapes: tuple[Sequence[int], Sequence[int]]) -> None:
+    if shapes[0][0] != shapes[1][0]:
+        raise ValueError(
+            f"{names[0]} and {names[1]} must have the same batch size, "
+            f"got {_shape(shapes[0])} and {_shape(shapes[1])}"
+        )
+
+
+def check_float_dtype(name: str, dtype: str) -> None:
+    if dtype not in ("float32", "float64"):
+        raise TypeError(f"{name} must be float32 or float64, got {dtype}")
+
+
+def check_params(params: Mapping[str, Sequence[int]], schema: Schema, what: str = "the config") -> None:
+    """``params`` maps names to shapes. Raise WeightsError naming every key that does not fit."""
+    missing = [k for k in schema if k not in params]
+    unexpected = [k for k in params if k not in schema]
+    misshaped = [
+        f"{k}: expected {_shape(schema[k])}, got {_shape(params[k])}"
+        for k in schema
+        if k in params and tuple(params[k]) != tuple(schema[k])
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing keys {missing}")
+    if unexpected:
+        problems.append(f"unexpected keys {unexpected}")
+    if misshaped:
+        problems.append("wrong shapes [" + "; ".join(misshaped) + "]")
+    if problems:
+        raise WeightsError(f"weights do not fit {what}: " + ", ".join(problems))
+
+
+def check_same_shape(names: tuple[str, str], shapes: tuple[Sequence[int], Sequence[int]]) -> None:
+    if tuple(shapes[0]) != tuple(shapes[1]):
+        raise ValueError(
+            f"{names[0]} must have the same shape as {names[1]} {_shape(shapes[1])}, got {_shape(shapes[0])}"
+        )
+
+
+def check_no_token_types() -> None:
+    raise ValueError("token_type_ids given, but the config has type_vocab_size=0 (no token-type embedding)")
+
+
+def check_params_dtype(dtypes: Mapping[str, str]) -> str:
+    """All weights share one float dtype (float32 or float64); returns it."""
+    found = sorted(set(dtypes.values()))
+    if len(found) > 1 or (found and found[0] not in ("float32", "float64")):
+        by_dtype = {d: [k for k, v in dtypes.items() if v == d][:3] for d in found}
+        raise WeightsError(f"weights must all be float32 or all float64, got {by_dtype}")
+    return found[0] if found else "float32"
+
+
+def check_dtype_request(dtype: str) -> None:
+    if dtype not in ("float32", "float64"):
+        raise TypeError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+
+
+def check_model_kind(class_name: str, expected: str, kind: str) -> None:
+    if kind != expected:
+        raise ValueError(f"{class_name} needs a config with kind={expected!r}, got kind={kind!r}")

@@ -1,0 +1,186 @@
+"""One dataclass for every hyper-parameter, validated when it is built.
+
+Every backend, the weight schema, the safetensors metadata and the command line read
+this same class, so a size is written in exactly one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+POSITIONAL = ("sinusoidal", "learned", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Sizes and switches of one Transformer.
+
+    kind:
+        "encoder_decoder" -- the paper's translation model (``Transformer``);
+        "encoder_only"    -- a BERT-style encoder (``TransformerEncoderModel``);
+        "decoder_only"    -- a causal language model (``TransformerLM``), the seeds'
+                             next-word model: decoder layers without cross-attention.
+    norm_first:
+        False is the paper's post-norm ``LayerNorm(x + sublayer(x))``; True is the
+        pre-norm ``x + sublayer(LayerNorm(x))`` that the seeds (and GPT-2) use.
+    encoder_final_norm / decoder_final_norm:
+        a LayerNorm after the last layer. ``None`` means "= norm_first": pre-norm
+        stacks need one (their residual stream is never normalised otherwise), the
+        paper's post-norm stack has none. ``torch.nn.Transformer`` always has both.
+    """
+
+    kind: str = "encoder_decoder"
+    d_model: int = 512
+    num_heads: int = 8
+    d_ff: int = 2048
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    src_vocab_size: int = 32000
+    tgt_vocab_size: int = 32000
+    max_len: int = 512
+    norm_first: bool = False
+    activation: str = "relu"
+    positional: str = "sinusoidal"
+    layer_norm_eps: float = 1e-5
+    bias: bool = True
+    encoder_final_norm: bool | None = None
+    decoder_final_norm: bool | None = None
+    tie_output: bool = False
+    scale_embeddings: bool = True
+    type_vocab_size: int = 0
+    embedding_norm: bool = False
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.encoder_final_norm is None:
+            object.__setattr__(self, "encoder_final_norm", self.norm_first)
+        if self.decoder_final_norm is None:
+            object.__setattr__(self, "decoder_final_norm", self.norm_first)
+        self._validate()
+
+    # ------------------------------------------------------------------ checks
+    def _validate(self) -> None:
+        _one_of("kind", self.kind, KINDS)
+        _one_of("activation", self.activation, ACTIVATIONS)
+        _one_of("positional", self.positional, POSITIONAL)
+        for name in ("d_model", "num_heads", "d_ff", "max_len"):
+            _positive_int(name, getattr(self, name))
+        for name in ("num_encoder_layers", "num_decoder_layers", "type_vocab_size"):
+            _non_negative_int(name, getattr(self, name))
+        if self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by num_heads "
+                f"({self.num_heads}): each head gets d_model / num_heads features"
+            )
+        if self.uses_encoder:
+            _positive_int("src_vocab_size", self.src_vocab_size)
+            _positive_int("num_encoder_layers", self.num_encoder_layers)
+            _id_in_vocab("pad_id", self.pad_id, "src_vocab_size", self.src_vocab_size)
+        if self.uses_decoder:
+            _positive_int("tgt_vocab_size", self.tgt_vocab_size)
+            _positive_int("num_decoder_layers", self.num_decoder_layers)
+            _id_in_vocab("pad_id", self.pad_id, "tgt_vocab_size", self.tgt_vocab_size)
+        if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
+            raise ValueError(f"layer_norm_eps must be a positive number, got {self.layer_norm_eps!r}")
+        if self.tie_output and not self.uses_decoder:
+            raise ValueError(f"tie_output=True needs a decoder, but kind is {self.kind!r}")
+
+    # --------------------------------------------------------------- derived
+    @property
+    def d_k(self) -> int:
+        """Features per head (the paper's d_k = d_v = d_model / h)."""
+        return self.d_model // self.num_heads
+
+    @property
+    def uses_encoder(self) -> bool:
+        return self.kind in ("encoder_decoder", "encoder_only")
+
+    @property
+    def uses_decoder(self) -> bool:
+        return self.kind in ("encoder_decoder", "decoder_only")
+
+    @property
+    def decoder_has_cross_attention(self) -> bool:
+        return self.kind == "encoder_decoder"
+
+    # ---------------------------------------------------------- conversions
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Config:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown Config fields {unknown}; expected some of {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str) -> Config:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> Config:
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+        return PRESETS[name].replace(**overrides)
+
+
+def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+def _id_in_vocab(name: str, value: int, vocab_name: str, vocab_size: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise ValueError(f"{name} must be an id in [0, {vocab_name}={vocab_size}), got {value!r}")
+
+
+PRESETS: dict[str, Config] = {
+    # Deliberately odd sizes (HF-tests style): no two dimensions are equal, so a
+    # transposed weight or a broadcast over the wrong axis cannot go unnoticed.
+    "tiny": Config(
+        d_model=36, num_heads=3, d_ff=37, num_encoder_layers=2, num_decoder_layers=2,
+        src_vocab_size=53, tgt_vocab_size=47, max_len=64,
+    ),
+    "tiny-lm": Config(
+        kind="decoder_only", d_model=36, num_heads=3, d_ff=37, num_encoder_layers=0,
+        num_decoder_layers=2, tgt_vocab_size=53, max_len=64, norm_first=True,
+        activation="gelu",
+    ),
+    "tiny-bert": Config(
+        kind="encoder_only", d_model=36, num_heads=3, d_ff=37, num_encoder_layers=2,
+        num_decoder_layers=0, src_vocab_size=53, max_len=64, activation="gelu",
+        positional="learned", layer_norm_eps=1e-12, scale_embeddings=False,
+        type_vocab_size=2, embedding_norm=True,
+    ),
+    # "Attention Is All You Need", Table 3, base model.
+    "base": Config(),
+    # BERT-base (uncased): 12 layers, hidden 768, 12 heads, ff 3072.
+    "bert-base": Config(
+        kind="encoder_only", d_model=768, num_heads=12, d_ff=3072, num_encoder_layers=12,
+        num_decoder_layers=0, src_vocab_size=30522, max_len=512, activation="gelu",
+        positional="learned", layer_norm_eps=1e-12, scale_embeddings=False,
+        type_vocab_size=2, embedding_norm=True,
+    ),
+}

@@ -1,0 +1,152 @@
+"""The weight schema: every parameter's canonical flat name and shape, from a Config.
+
+Paper notation throughout: a linear layer computes ``x @ weight + bias`` with
+``weight`` stored as [in, out]; q, k, v and o projections are kept separate. The
+names follow the module tree of every backend (``encoder.layers.0.self_attn.w_q``),
+so a backend maps its own leaf names (torch ``weight`` [out, in], Flax ``kernel``)
+onto these and nothing else.
+
+Each component has a schema function of its own; the model's schema is their
+composition, and the shared tests build single components from the same functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .config import Config
+
+Schema = dict[str, tuple[int, ...]]
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def linear_schema(prefix: str, d_in: int, d_out: int, bias: bool) -> Schema:
+    schema = {_join(prefix, "weight"): (d_in, d_out)}
+    if bias:
+        schema[_join(prefix, "bias")] = (d_out,)
+    return schema
+
+
+def layer_norm_schema(config: Config, prefix: str = "") -> Schema:
+    schema = {_join(prefix, "weight"): (config.d_model,)}
+    if config.bias:
+        schema[_join(prefix, "bias")] = (config.d_model,)
+    return schema
+
+
+def attention_schema(config: Config, prefix: str = "") -> Schema:
+    schema: Schema = {}
+    for name in ("w_q", "w_k", "w_v", "w_o"):
+        schema |= linear_schema(_join(prefix, name), config.d_model, config.d_model, config.bias)
+    return schema
+
+
+def attention_heads_schema(config: Config, prefix: str = "") -> Schema:
+    """The seeds' layout: one ``AttentionHead`` per head, each with its own
+    Linear(d_model, d_k) for q, k and v, then one output projection."""
+    schema: Schema = {}
+    for h in range(config.num_heads):
+        for name in ("w_q", "w_k", "w_v"):
+            schema |= linear_schema(_join(prefix, f"heads.{h}.{name}"), config.d_model, config.d_k, config.bias)
+    return schema | linear_schema(_join(prefix, "w_o"), config.d_model, config.d_model, config.bias)
+
+
+def feed_forward_schema(config: Config, prefix: str = "") -> Schema:
+    return linear_schema(_join(prefix, "w_1"), config.d_model, config.d_ff, config.bias) | linear_schema(
+        _join(prefix, "w_2"), config.d_ff, config.d_model, config.bias
+    )
+
+
+def embeddings_schema(config: Config, prefix: str = "", vocab_size: int | None = None) -> Schema:
+    vocab = vocab_size if vocab_size is not None else _embedding_vocab(config, prefix)
+    schema: Schema = {_join(prefix, "token.weight"): (vocab, config.d_model)}
+    if config.positional == "learned":
+        schema[_join(prefix, "position.weight")] = (config.max_len, config.d_model)
+    if config.type_vocab_size > 0:
+        schema[_join(prefix, "token_type.weight")] = (config.type_vocab_size, config.d_model)
+    if config.embedding_norm:
+        schema |= layer_norm_schema(config, _join(prefix, "norm"))
+    return schema
+
+
+def _embedding_vocab(config: Config, prefix: str) -> int:
+    return config.tgt_vocab_size if prefix.endswith("tgt_embed") or not config.uses_encoder else config.src_vocab_size
+
+
+def encoder_layer_schema(config: Config, prefix: str = "") -> Schema:
+    return (
+        attention_schema(config, _join(prefix, "self_attn"))
+        | layer_norm_schema(config, _join(prefix, "self_attn_norm"))
+        | feed_forward_schema(config, _join(prefix, "ffn"))
+        | layer_norm_schema(config, _join(prefix, "ffn_norm"))
+    )
+
+
+def decoder_layer_schema(config: Config, prefix: str = "") -> Schema:
+    schema = attention_schema(config, _join(prefix, "self_attn")) | layer_norm_schema(
+        config, _join(prefix, "self_attn_norm")
+    )
+    if config.decoder_has_cross_attention:
+        schema |= attention_schema(config, _join(prefix, "cross_attn"))
+        schema |= layer_norm_schema(config, _join(prefix, "cross_attn_norm"))
+    return (
+        schema
+        | feed_forward_schema(config, _join(prefix, "ffn"))
+        | layer_norm_schema(config, _join(prefix, "ffn_norm"))
+    )
+
+
+def encoder_schema(config: Config, prefix: str = "") -> Schema:
+    schema: Schema = {}
+    for i in range(config.num_encoder_layers):
+        schema |= encoder_layer_schema(config, _join(prefix, f"layers.{i}"))
+    if config.encoder_final_norm:
+        schema |= layer_norm_schema(config, _join(prefix, "norm"))
+    return schema
+
+
+def decoder_schema(config: Config, prefix: str = "") -> Schema:
+    schema: Schema = {}
+    for i in range(config.num_decoder_layers):
+        schema |= decoder_layer_schema(config, _join(prefix, f"layers.{i}"))
+    if config.decoder_final_norm:
+        schema |= layer_norm_schema(config, _join(prefix, "norm"))
+    return schema
+
+
+def model_schema(config: Config, prefix: str = "") -> Schema:
+    """All parameters of the model that ``config.kind`` names."""
+    schema: Schema = {}
+    if config.uses_encoder:
+        schema |= embeddings_schema(config, _join(prefix, "src_embed"), config.src_vocab_size)
+        schema |= encoder_schema(config, _join(prefix, "encoder"))
+    if config.uses_decoder:
+        schema |= embeddings_schema(config, _join(prefix, "tgt_embed"), config.tgt_vocab_size)
+        schema |= decoder_schema(config, _join(prefix, "decoder"))
+        if not config.tie_output:
+            schema |= linear_schema(_join(prefix, "generator"), config.d_model, config.tgt_vocab_size, config.bias)
+    return schema
+
+
+COMPONENTS: dict[str, Callable[..., Schema]] = {
+    "layer_norm": layer_norm_schema,
+    "attention": attention_schema,
+    "attention_heads": attention_heads_schema,
+    "feed_forward": feed_forward_schema,
+    "embeddings": embeddings_schema,
+    "encoder_layer": encoder_layer_schema,
+    "decoder_layer": decoder_layer_schema,
+    "encoder": encoder_schema,
+    "decoder": decoder_schema,
+    "model": model_schema,
+}
+
+
+def param_schema(config: Config, component: str = "model", prefix: str = "") -> Schema:
+    """Canonical ``name -> shape`` for ``component`` ("model" by default), in a fixed order."""
+    if component not in COMPONENTS:
+        raise ValueError(f"unknown component {component!r}; expected one of {sorted(COMPONENTS)}")
+    return COMPONENTS[component](config, prefix)
