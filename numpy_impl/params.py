@@ -32,7 +32,7 @@ def from_params(module_class: type, config: Config, params: Mapping[str, Any], d
     check_dtype_request(dtype)
     module = module_class(config, dtype)
     for name in schema:
-        parent, leaf = _parent(module, _attribute_path(name))
+        parent, leaf = _parent(module, name)
         setattr(parent, leaf, np.array(params[name], dtype=dtype))  # a copy: the module owns its weights
     return module
 
@@ -41,14 +41,9 @@ def to_params(module: Any) -> dict[str, np.ndarray]:
     """The module's weights under their canonical names, as NumPy arrays."""
     params = {}
     for name in param_schema(module.config, module.schema):
-        parent, leaf = _parent(module, _attribute_path(name))
+        parent, leaf = _parent(module, name)
         params[name] = np.array(getattr(parent, leaf))
     return params
-
-
-def _attribute_path(name: str) -> str:
-    # The generator's Linear sits at ``generator.proj`` (the module also knows the tied case).
-    return name.replace("generator.", "generator.proj.", 1) if name.startswith("generator.") else name
 
 
 def build_model(config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:

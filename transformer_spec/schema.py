@@ -127,7 +127,7 @@ def model_schema(config: Config, prefix: str = "") -> Schema:
         schema |= embeddings_schema(config, _join(prefix, "tgt_embed"), config.tgt_vocab_size)
         schema |= decoder_schema(config, _join(prefix, "decoder"))
         if not config.tie_output:
-            schema |= linear_schema(_join(prefix, "generator"), config.d_model, config.tgt_vocab_size, config.bias)
+            schema |= linear_schema(_join(prefix, "generator.proj"), config.d_model, config.tgt_vocab_size, config.bias)
     return schema
 
 

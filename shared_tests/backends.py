@@ -1,0 +1,113 @@
+"""One adapter per backend: NumPy arrays in, NumPy arrays out, the backend's own code between.
+
+Tests never import a backend directly; they receive a ``Backend`` from the ``backend``
+fixture and call the same public names on ``backend.impl`` (the three backends export
+identical names, so one test body serves all three).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import numpy as np
+
+from transformer_spec import ModelOutput
+
+NAMES = ("numpy", "jax", "torch")
+
+
+class Backend:
+    name: str
+    impl: Any
+
+    def asarray(self, x: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def build(self, module_class_name: str, config, params, dtype: str | None = None) -> Any:
+        return self.impl.from_params(getattr(self.impl, module_class_name), config, params, dtype)
+
+    def call(self, fn, *args, **kwargs) -> Any:
+        """Run ``fn`` on backend arrays made from the NumPy ``args``; return NumPy results."""
+        args = [self._in(a) for a in args]
+        kwargs = {k: self._in(v) for k, v in kwargs.items()}
+        return self._out(fn(*args, **kwargs))
+
+    def _in(self, x):
+        return self.asarray(x) if isinstance(x, np.ndarray) else x
+
+    def _out(self, x):
+        if isinstance(x, ModelOutput):
+            return ModelOutput(**{f.name: self._out(getattr(x, f.name)) for f in dataclasses.fields(x)})
+        if isinstance(x, (tuple, list)):
+            return type(x)(self._out(v) for v in x)
+        if x is None or isinstance(x, (int, float, str, bool)):
+            return x
+        return self.to_numpy(x)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+
+    def __init__(self):
+        self.impl = importlib.import_module("numpy_impl")
+
+    def asarray(self, x):
+        return np.array(x)
+
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+
+class JaxBackend(Backend):
+    name = "jax"
+
+    def __init__(self):
+        import jax
+
+        jax.config.update("jax_enable_x64", True)  # float64 parity needs it; see PITFALLS
+        self.jnp = importlib.import_module("jax.numpy")
+        self.impl = importlib.import_module("jax_impl")
+
+    def asarray(self, x):
+        return self.jnp.asarray(x)
+
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self):
+        self.torch = importlib.import_module("torch")
+        self.torch.set_float32_matmul_precision("highest")  # no TF32 on GPUs
+        self.impl = importlib.import_module("torch_impl")
+
+    def asarray(self, x):
+        return self.torch.from_numpy(np.ascontiguousarray(x))
+
+    def to_numpy(self, x):
+        return x.detach().cpu().numpy()
+
+    def call(self, fn, *args, **kwargs):
+        with self.torch.no_grad():
+            return super().call(fn, *args, **kwargs)
+
+
+FACTORIES = {"numpy": NumpyBackend, "jax": JaxBackend, "torch": TorchBackend}
+_CACHE: dict[str, Backend] = {}
+
+
+def get_backend(name: str) -> Backend:
+    """The adapter for ``name``; raises ImportError when that backend is not installed."""
+    if name not in _CACHE:
+        _CACHE[name] = FACTORIES[name]()
+    return _CACHE[name]

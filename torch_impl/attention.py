@@ -1,0 +1,139 @@
+"""Scaled dot-product attention and multi-head attention (paper, section 3.2)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from transformer_spec import Config
+from transformer_spec.checks import check_attention_inputs, check_attention_projections
+
+from .layers import Linear
+from .validate import check_mask
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis, over allowed keys only.
+
+    Masked scores become -inf, so their weight is exp(-inf) = 0 *exactly* (a finite
+    fill such as -1e9 leaves them a tiny weight, and gives a fully masked row uniform
+    weights over padding). A row with no allowed key would then be exp(-inf - -inf) =
+    NaN (``torch.softmax`` returns NaN there); we define it as all-zero weights instead,
+    in every backend.
+    """
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)  # (..., T_q, T_k)
+    row_max = scores.amax(dim=-1, keepdim=True)  # (..., T_q, 1); -inf where nothing is allowed
+    row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # subtracting the max avoids overflow
+    exp = torch.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
+    total = exp.sum(dim=-1, keepdim=True)  # (..., T_q, 1)
+    return exp / torch.where(total > 0, total, 1.0)  # empty rows: 0 / 1 = 0, not 0 / 0
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T / sqrt(d_k)) v -> (context (..., T_q, d_v), weights (..., T_q, T_k)).
+
+    Dividing by sqrt(d_k) keeps the scores' variance near 1 when q and k have unit
+    variance entries, so the softmax does not saturate (section 3.2.1). It is d_k, the
+    per-head size, not d_model.
+    """
+    check_attention_inputs(q.shape, k.shape, v.shape)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
+    check_mask("mask", mask, tuple(scores.shape))
+    weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
+    return weights @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+
+
+class MultiHeadAttention(nn.Module):
+    """h heads in one set of matrices: project, split into heads, attend, merge, project."""
+
+    schema = "attention"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        self.config = config
+        self.num_heads, self.d_k = config.num_heads, config.d_k
+        self.w_q = Linear(config.d_model, config.d_model, config.bias, dtype)
+        self.w_k = Linear(config.d_model, config.d_model, config.bias, dtype)
+        self.w_v = Linear(config.d_model, config.d_model, config.bias, dtype)
+        self.w_o = Linear(config.d_model, config.d_model, config.bias, dtype)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq_len, _ = x.shape
+        x = x.reshape(batch, seq_len, self.num_heads, self.d_k)  # (B, T, H, d_k)
+        return x.transpose(1, 2)  # (B, H, T, d_k)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, _, seq_len, _ = x.shape
+        x = x.transpose(1, 2)  # (B, T, H, d_k)
+        return x.reshape(batch, seq_len, self.num_heads * self.d_k)  # (B, T, d_model)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
+        check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
+        q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
+        k = self.split_heads(self.w_k(key))  # (B, H, T_k, d_k)
+        v = self.split_heads(self.w_v(value))  # (B, H, T_k, d_k)
+        context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k), (B, H, T_q, T_k)
+        output = self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
+        return output, (weights if need_weights else None)
+
+
+class AttentionHead(nn.Module):
+    """One head as the seeds write it: its own Linear(d_model, d_k) for q, k and v."""
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        self.w_q = Linear(config.d_model, config.d_k, config.bias, dtype)
+        self.w_k = Linear(config.d_model, config.d_k, config.bias, dtype)
+        self.w_v = Linear(config.d_model, config.d_k, config.bias, dtype)
+
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k): a head axis of size 1, so 4-D masks broadcast
+        k = self.w_k(key)[:, None]  # (B, 1, T_k, d_k)
+        v = self.w_v(value)[:, None]  # (B, 1, T_k, d_k)
+        context, weights = scaled_dot_product_attention(q, k, v, mask)
+        return context[:, 0], weights[:, 0]  # (B, T_q, d_k), (B, T_q, T_k)
+
+
+class MultiHeadAttentionLoop(nn.Module):
+    """The seeds' multi-head attention: a Python list of heads, concatenated, then w_o.
+
+    Mathematically the same as :class:`MultiHeadAttention` given the same weights
+    (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one.
+    """
+
+    schema = "attention_heads"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        self.config = config
+        self.heads = nn.ModuleList([AttentionHead(config, dtype) for _ in range(config.num_heads)])
+        self.w_o = Linear(config.d_model, config.d_model, config.bias, dtype)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
+        outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
+        context = torch.cat([c for c, _ in outputs], dim=-1)  # (B, T_q, d_model)
+        weights = torch.stack([w for _, w in outputs], dim=1)  # (B, H, T_q, T_k)
+        return self.w_o(context), (weights if need_weights else None)

@@ -1,0 +1,71 @@
+"""Token embeddings and the embedding block (token + position [+ token type] [-> LayerNorm])."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_spec import Config
+from transformer_spec.checks import check_no_token_types, check_same_shape
+
+from .layer_norm import LayerNorm
+from .layers import _torch_dtype
+from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from .validate import check_token_ids
+
+
+class TokenEmbedding(nn.Module):
+    """A (vocab, d_model) lookup table, optionally scaled by sqrt(d_model).
+
+    The paper multiplies by sqrt(d_model) (section 3.4) so that embeddings drawn with
+    std d_model**-0.5 are not drowned by the unit-amplitude positional sinusoids.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, scale: bool, dtype: str = "float32"):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(vocab_size, d_model, dtype=_torch_dtype(dtype)))
+        self.scale = math.sqrt(d_model) if scale else 1.0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight) * self.scale  # (B, T) -> (B, T, d_model)
+
+
+class Embeddings(nn.Module):
+    """ids -> token embedding + positional encoding (+ token type) (-> LayerNorm)."""
+
+    schema = "embeddings"
+
+    def __init__(self, config: Config, dtype: str = "float32", vocab_size: int | None = None):
+        super().__init__()
+        self.config = config
+        self.vocab_size = vocab_size or (config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size)
+        self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
+        self.position = None  # positional == "none": a bag of words (permutation-equivariant)
+        if config.positional == "sinusoidal":
+            self.position = SinusoidalPositionalEncoding(config, dtype)
+        elif config.positional == "learned":
+            self.position = LearnedPositionalEmbedding(config, dtype)
+        self.token_type = (
+            TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
+        )
+        self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
+
+    def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
+        check_token_ids("ids", ids, self.vocab_size, self.config.max_len - offset)
+        x = self.token(ids)  # (B, T, d_model)
+        if self.position is not None:
+            x = x + self.position(ids.shape[1], offset)[None]  # + (1, T, d_model)
+        if self.token_type is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(ids)
+            check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
+            check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
+            x = x + self.token_type(token_type_ids)  # + (B, T, d_model)
+        elif token_type_ids is not None:
+            check_no_token_types()
+        if self.norm is not None:
+            x = self.norm(x)
+        return x

@@ -1,0 +1,69 @@
+"""Encoder layer and stack (paper, section 3.1, left half of figure 1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from transformer_spec import Config
+from transformer_spec.checks import check_hidden
+
+from .attention import MultiHeadAttention
+from .feed_forward import PositionwiseFeedForward
+from .layer_norm import LayerNorm
+from .sublayer import sublayer_connection
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward, each wrapped in a residual connection."""
+
+    schema = "encoder_layer"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        self.config = config
+        self.self_attn = MultiHeadAttention(config, dtype)
+        self.self_attn_norm = LayerNorm(config, dtype)
+        self.ffn = PositionwiseFeedForward(config, dtype)
+        self.ffn_norm = LayerNorm(config, dtype)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, d_model), mask (B|1, 1, T|1, T) -> (B, T, d_model), weights (B, H, T, T)."""
+        check_hidden("x", x.shape, self.config.d_model)
+        norm_first = self.config.norm_first
+        x, weights = sublayer_connection(
+            x, lambda h: self.self_attn(h, h, h, mask, need_weights), self.self_attn_norm, norm_first
+        )
+        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)
+        return x, weights
+
+
+class Encoder(nn.Module):
+    """N identical layers (each with its own weights), then an optional final LayerNorm."""
+
+    schema = "encoder"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList([EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)])
+        self.norm = LayerNorm(config, dtype) if config.encoder_final_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+        need_hidden_states: bool = False,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """-> (output (B, T, d_model), hidden states (input + each layer's output), weights per layer)."""
+        hidden_states, attentions = [x], []
+        for layer in self.layers:
+            x, weights = layer(x, mask, need_weights)
+            hidden_states.append(x)
+            attentions.append(weights)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, (tuple(hidden_states) if need_hidden_states else ()), (tuple(attentions) if need_weights else ())

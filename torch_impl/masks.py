@@ -1,0 +1,33 @@
+"""Masks: boolean, True = may attend, shaped to broadcast against (B, H, T_q, T_k).
+
+Careful: ``torch.nn.MultiheadAttention`` and ``nn.Transformer`` read True as *masked*;
+``F.scaled_dot_product_attention`` (and Flax, and we) read True as *may attend*.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def make_padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, T) ids -> (B, 1, 1, T): every query may look at every non-pad key."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def make_causal_mask(seq_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """(1, 1, T, T), lower triangular: position i may look at positions 0..i only."""
+    return torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device))[None, None, :, :]
+
+
+def make_decoder_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Decoder self-attention: causal AND key not padding -> (B, 1, T, T)."""
+    return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1], ids.device)
+
+
+def make_cross_attention_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Decoder queries over encoder keys: hide the *source* padding -> (B, 1, 1, T_src).
+
+    It broadcasts over the T_tgt query rows; its last axis is the source length, not
+    the target length (the mismatch the seeds' decoder tripped on).
+    """
+    return make_padding_mask(src_ids, pad_id)

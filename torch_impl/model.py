@@ -1,0 +1,150 @@
+"""Whole models: encoder-decoder (the paper), decoder-only LM (the seeds), encoder-only (BERT)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from transformer_spec import Config, ModelOutput
+from transformer_spec.checks import check_model_kind
+
+from .decoder import Decoder
+from .embeddings import Embeddings
+from .encoder import Encoder
+from .layers import Linear
+from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
+
+
+class Generator(nn.Module):
+    """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
+    target embedding table, transposed (paper, section 3.4), and has no weights of its own."""
+
+    def __init__(self, config: Config, dtype: str, tgt_embed: Embeddings):
+        super().__init__()
+        self.tgt_embed = [tgt_embed]  # a list hides it from nn.Module: it is registered once, as the model's
+        self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.proj is None:
+            return x @ self.tgt_embed[0].token.weight.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
+        return self.proj(x)  # (B, T, V)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder: src ids -> memory; tgt ids (shifted right) + memory -> next-token logits."""
+
+    schema = "model"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        check_model_kind("Transformer", "encoder_decoder", config.kind)
+        self.config = config
+        self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
+        self.encoder = Encoder(config, dtype)
+        self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
+        self.decoder = Decoder(config, dtype)
+        self.generator = Generator(config, dtype, self.tgt_embed)
+
+    def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
+        """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
+        if src_mask is None:
+            src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
+        return self.encoder(self.src_embed(src_ids), src_mask, need_weights, need_hidden_states)
+
+    def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
+        """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights."""
+        if tgt_mask is None:
+            tgt_mask = make_decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
+        return self.decoder(self.tgt_embed(tgt_ids), memory, tgt_mask, memory_mask, need_weights, need_hidden_states)
+
+    def forward(
+        self,
+        src_ids: torch.Tensor,
+        tgt_ids: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        tgt_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        return_attentions: bool = False,
+        return_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """Masks left as None are built from the ids and ``config.pad_id``: source padding for
+        the encoder and for cross-attention, causal AND target padding for the decoder."""
+        memory, encoder_hidden, encoder_attentions = self.encode(src_ids, src_mask, return_attentions, return_hidden_states)
+        if memory_mask is None:
+            memory_mask = make_cross_attention_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
+        x, hidden, self_attentions, cross_attentions = self.decode(
+            tgt_ids, memory, tgt_mask, memory_mask, return_attentions, return_hidden_states
+        )
+        return ModelOutput(
+            logits=self.generator(x),  # (B, T_tgt, tgt_vocab)
+            last_hidden_state=x,
+            hidden_states=hidden,
+            attentions=self_attentions,
+            cross_attentions=cross_attentions,
+            encoder_last_hidden_state=memory,
+            encoder_hidden_states=encoder_hidden,
+            encoder_attentions=encoder_attentions,
+        )
+
+
+class TransformerLM(nn.Module):
+    """Decoder-only causal language model: ids -> next-token logits at every position."""
+
+    schema = "model"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        check_model_kind("TransformerLM", "decoder_only", config.kind)
+        self.config = config
+        self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
+        self.decoder = Decoder(config, dtype)
+        self.generator = Generator(config, dtype, self.tgt_embed)
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_attentions: bool = False,
+        return_hidden_states: bool = False,
+    ) -> ModelOutput:
+        if mask is None:
+            mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
+        x, hidden, attentions, _ = self.decoder(
+            self.tgt_embed(ids), None, mask, None, return_attentions, return_hidden_states
+        )
+        return ModelOutput(logits=self.generator(x), last_hidden_state=x, hidden_states=hidden, attentions=attentions)
+
+
+class TransformerEncoderModel(nn.Module):
+    """Encoder-only (BERT-style): ids (+ token types) -> contextual vectors."""
+
+    schema = "model"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        check_model_kind("TransformerEncoderModel", "encoder_only", config.kind)
+        self.config = config
+        self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
+        self.encoder = Encoder(config, dtype)
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        return_attentions: bool = False,
+        return_hidden_states: bool = False,
+    ) -> ModelOutput:
+        if mask is None:
+            mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
+        x, hidden, attentions = self.encoder(
+            self.src_embed(ids, token_type_ids), mask, return_attentions, return_hidden_states
+        )
+        return ModelOutput(last_hidden_state=x, hidden_states=hidden, attentions=attentions)
+
+
+MODEL_CLASSES = {
+    "encoder_decoder": Transformer,
+    "decoder_only": TransformerLM,
+    "encoder_only": TransformerEncoderModel,
+}

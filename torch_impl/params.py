@@ -1,0 +1,72 @@
+"""Canonical weight dicts <-> modules. The canonical names are the modules' attribute paths."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from transformer_spec import Config, load_params, param_schema
+from transformer_spec.checks import check_dtype_request, check_params, check_params_dtype
+
+from .model import MODEL_CLASSES
+
+
+def _parent(module: Any, name: str) -> tuple[Any, str]:
+    """'encoder.layers.0.ffn.w_1.weight' -> (the w_1 Linear, 'weight')."""
+    *path, leaf = name.split(".")
+    for part in path:
+        module = module[int(part)] if part.isdigit() else getattr(module, part)
+    if module is None:  # e.g. the tied generator's missing projection
+        raise AttributeError(name)
+    return module, leaf
+
+
+def _to_torch_layout(parent: Any, leaf: str, value: np.ndarray) -> np.ndarray:
+    # nn.Linear keeps weight as [out, in]; the canonical (paper) layout is [in, out].
+    return value.T if isinstance(parent, nn.Linear) and leaf == "weight" else value
+
+
+def from_params(
+    module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None = None
+) -> nn.Module:
+    """Build ``module_class(config)`` and load the canonical ``params`` into it (eval mode)."""
+    schema = param_schema(config, module_class.schema)
+    check_params({k: tuple(np.shape(v)) for k, v in params.items()}, schema, what=f"{module_class.__name__}'s config")
+    found = check_params_dtype({k: str(np.asarray(v).dtype) for k, v in params.items()})
+    dtype = dtype or found
+    check_dtype_request(dtype)
+    module = module_class(config, dtype)
+    with torch.no_grad():
+        for name in schema:
+            parent, leaf = _parent(module, name)
+            value = _to_torch_layout(parent, leaf, np.asarray(params[name]))
+            getattr(parent, leaf).copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=dtype)))
+    return module.eval()
+
+
+def to_params(module: nn.Module) -> dict[str, np.ndarray]:
+    """The module's weights under their canonical names, as NumPy arrays."""
+    params = {}
+    for name in param_schema(module.config, module.schema):
+        parent, leaf = _parent(module, name)
+        value = getattr(parent, leaf).detach().cpu().numpy()
+        params[name] = np.array(_to_torch_layout(parent, leaf, value))
+    return params
+
+
+def build_model(config: Config, params: Mapping[str, Any], dtype: str | None = None) -> nn.Module:
+    """The model class that ``config.kind`` names, loaded with ``params``."""
+    return from_params(MODEL_CLASSES[config.kind], config, params, dtype)
+
+
+def load_model(path: str, dtype: str | None = None) -> nn.Module:
+    """A model from a safetensors file written by ``transformer_spec.save_params``."""
+    params, config = load_params(path)
+    return build_model(config, params, dtype)
+
+
+
