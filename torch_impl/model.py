@@ -13,6 +13,7 @@ from .embeddings import Embeddings
 from .encoder import Encoder
 from .layers import Linear
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
+from .validate import check_token_ids
 
 
 class Generator(nn.Module):
@@ -69,6 +70,8 @@ class Transformer(nn.Module):
     ) -> ModelOutput:
         """Masks left as None are built from the ids and ``config.pad_id``: source padding for
         the encoder and for cross-attention, causal AND target padding for the decoder."""
+        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
+        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
         memory, encoder_hidden, encoder_attentions = self.encode(src_ids, src_mask, return_attentions, return_hidden_states)
         if memory_mask is None:
             memory_mask = make_cross_attention_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
@@ -107,6 +110,7 @@ class TransformerLM(nn.Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
+        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
         if mask is None:
             mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
         x, hidden, attentions, _ = self.decoder(
@@ -135,6 +139,7 @@ class TransformerEncoderModel(nn.Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
+        check_token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len)
         if mask is None:
             mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         x, hidden, attentions = self.encoder(

@@ -1,0 +1,157 @@
+"""Scaled dot-product attention and multi-head attention (paper, section 3.2).
+
+Written out by hand rather than with ``jax.nn.dot_product_attention``: that one
+computes the softmax in float32 even for float64 inputs, and gives a fully masked
+row uniform weights (it averages V over the padding) where we define zeros.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer_spec import Config
+from transformer_spec.checks import check_attention_inputs, check_attention_projections
+
+from .layers import Linear
+from .validate import check_mask
+
+
+def masked_softmax(scores: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """Softmax over the last axis, over allowed keys only.
+
+    Masked scores become -inf, so their weight is exp(-inf) = 0 *exactly* (a finite
+    fill such as -1e9 leaves them a tiny weight, and gives a fully masked row uniform
+    weights over padding). A row with no allowed key would then be exp(-inf - -inf) =
+    NaN; we define it as all-zero weights instead, in every backend.
+
+    JAX note: the order of operations also keeps *gradients* finite. ``jnp.where``
+    picks, it does not compute, so the -inf branch and the replaced row max pass back
+    zero gradient, and exp(-inf) = 0 has derivative 0. (``jax.nn.softmax`` with its
+    ``where=`` argument gets the forward pass right but is not this algorithm.)
+    """
+    if mask is not None:
+        scores = jnp.where(mask, scores, -jnp.inf)  # (..., T_q, T_k)
+    row_max = scores.max(axis=-1, keepdims=True)  # (..., T_q, 1); -inf where nothing is allowed
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # subtracting the max avoids overflow
+    exp = jnp.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
+    total = exp.sum(axis=-1, keepdims=True)  # (..., T_q, 1)
+    return exp / jnp.where(total > 0, total, 1.0)  # (..., T_q, T_k); empty rows: 0 / 1 = 0, not 0 / 0
+
+
+def scaled_dot_product_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """softmax(q k^T / sqrt(d_k)) v -> (context (..., T_q, d_v), weights (..., T_q, T_k)).
+
+    Dividing by sqrt(d_k) keeps the scores' variance near 1 when q and k have unit
+    variance entries, so the softmax does not saturate (section 3.2.1). It is d_k, the
+    per-head size, not d_model. (``math.sqrt`` gives a Python float, which never changes
+    the array's dtype.)
+
+    ``precision=HIGHEST``: on GPU/TPU, JAX may otherwise run a float32 matmul as
+    TF32/bf16 passes, far less precise than the NumPy reference.
+    """
+    check_attention_inputs(q.shape, k.shape, v.shape)
+    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=jax.lax.Precision.HIGHEST) / math.sqrt(
+        q.shape[-1]
+    )  # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
+    check_mask("mask", mask, scores.shape)
+    weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
+    context = jnp.matmul(weights, v, precision=jax.lax.Precision.HIGHEST)  # (..., T_q, T_k) @ (..., T_k, d_v)
+    return context, weights  # (..., T_q, d_v), (..., T_q, T_k)
+
+
+class MultiHeadAttention(nnx.Module):
+    """h heads in one set of matrices: project, split into heads, attend, merge, project."""
+
+    schema = "attention"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.config = config
+        self.num_heads, self.d_k = config.num_heads, config.d_k
+        self.w_q = Linear(config.d_model, config.d_model, config.bias, dtype)
+        self.w_k = Linear(config.d_model, config.d_model, config.bias, dtype)
+        self.w_v = Linear(config.d_model, config.d_model, config.bias, dtype)
+        self.w_o = Linear(config.d_model, config.d_model, config.bias, dtype)
+
+    def split_heads(self, x: jax.Array) -> jax.Array:
+        batch, seq_len, _ = x.shape
+        x = x.reshape(batch, seq_len, self.num_heads, self.d_k)  # (B, T, H, d_k)
+        return x.transpose(0, 2, 1, 3)  # (B, H, T, d_k)
+
+    def merge_heads(self, x: jax.Array) -> jax.Array:
+        batch, _, seq_len, _ = x.shape
+        x = x.transpose(0, 2, 1, 3)  # (B, T, H, d_k)
+        return x.reshape(batch, seq_len, self.num_heads * self.d_k)  # (B, T, d_model)
+
+    def __call__(
+        self,
+        query: jax.Array,
+        key: jax.Array,
+        value: jax.Array,
+        mask: jax.Array | None = None,
+        need_weights: bool = False,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
+        check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
+        q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
+        k = self.split_heads(self.w_k(key))  # (B, H, T_k, d_k)
+        v = self.split_heads(self.w_v(value))  # (B, H, T_k, d_k)
+        context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k), (B, H, T_q, T_k)
+        output = self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
+        # Under jit, weights that are not returned are dead code and XLA drops them.
+        return output, (weights if need_weights else None)
+
+
+class AttentionHead(nnx.Module):
+    """One head as the seeds write it: its own Linear(d_model, d_k) for q, k and v."""
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.w_q = Linear(config.d_model, config.d_k, config.bias, dtype)
+        self.w_k = Linear(config.d_model, config.d_k, config.bias, dtype)
+        self.w_v = Linear(config.d_model, config.d_k, config.bias, dtype)
+
+    def __call__(
+        self, query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array]:
+        q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k): a head axis of size 1, so 4-D masks broadcast
+        k = self.w_k(key)[:, None]  # (B, 1, T_k, d_k)
+        v = self.w_v(value)[:, None]  # (B, 1, T_k, d_k)
+        context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, 1, T_q, d_k), (B, 1, T_q, T_k)
+        return context[:, 0], weights[:, 0]  # (B, T_q, d_k), (B, T_q, T_k)
+
+
+class MultiHeadAttentionLoop(nnx.Module):
+    """The seeds' multi-head attention: a Python list of heads, concatenated, then w_o.
+
+    Mathematically the same as :class:`MultiHeadAttention` given the same weights
+    (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one.
+    (Under ``jax.jit`` the Python loop is unrolled at trace time into H copies of the ops.)
+    """
+
+    schema = "attention_heads"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.config = config
+        # nnx.List, not a plain list: Flax NNX only looks for parameters inside its own
+        # containers (a plain list of modules is rejected as a static attribute).
+        self.heads = nnx.List([AttentionHead(config, dtype) for _ in range(config.num_heads)])
+        self.w_o = Linear(config.d_model, config.d_model, config.bias, dtype)
+
+    def __call__(
+        self,
+        query: jax.Array,
+        key: jax.Array,
+        value: jax.Array,
+        mask: jax.Array | None = None,
+        need_weights: bool = False,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
+        outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
+        context = jnp.concatenate([c for c, _ in outputs], axis=-1)  # (B, T_q, d_model)
+        weights = jnp.stack([w for _, w in outputs], axis=1)  # (B, H, T_q, T_k)
+        return self.w_o(context), (weights if need_weights else None)  # (B, T_q, d_model), weights

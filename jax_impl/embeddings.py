@@ -1,0 +1,81 @@
+"""Token embeddings and the embedding block (token + position [+ token type] [-> LayerNorm])."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer_spec import Config
+from transformer_spec.checks import check_no_token_types, check_same_shape
+
+from .layer_norm import LayerNorm
+from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from .validate import check_token_ids
+
+
+class TokenEmbedding(nnx.Module):
+    """A (vocab, d_model) lookup table, optionally scaled by sqrt(d_model).
+
+    The paper multiplies by sqrt(d_model) (section 3.4) so that embeddings drawn with
+    std d_model**-0.5 are not drowned by the unit-amplitude positional sinusoids.
+
+    Not ``nnx.Embed``: its table is called ``embedding`` (ours keeps the canonical
+    ``weight``) and its lookup clamps out-of-range ids to the last row.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, scale: bool, dtype: str = "float32"):
+        self.weight = nnx.Param(jnp.zeros((vocab_size, d_model), dtype))  # (vocab, d_model)
+        self.scale = math.sqrt(d_model) if scale else 1.0  # a Python float: keeps the dtype
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        # JAX never raises on an out-of-range index: plain ``weight[ids]`` clamps (a bad id
+        # silently reads the last row) and ``jnp.take`` wraps negative ids around, as
+        # NumPy does. The ids are validated eagerly, but inside a trace their values are
+        # unknown; there, "fill" makes any id outside [0, vocab) a row of NaN: loud, not
+        # silently wrong. (``wrap_negative_indices=False`` is why this is ``.at[].get``
+        # rather than ``jnp.take(..., mode="fill")``, which would still wrap -1 to the end.)
+        rows = self.weight[...].at[ids].get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
+        return rows * self.scale  # (B, T) -> (B, T, d_model)
+
+
+class Embeddings(nnx.Module):
+    """ids -> token embedding + positional encoding (+ token type) (-> LayerNorm)."""
+
+    schema = "embeddings"
+
+    def __init__(self, config: Config, dtype: str = "float32", vocab_size: int | None = None):
+        self.config = config
+        self.vocab_size = vocab_size or (config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size)
+        self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
+        # Assigned once, not "None, then maybe a module" as in NumPy: Flax NNX marks an
+        # attribute first set to None as static and refuses to store a module in it later.
+        if config.positional == "sinusoidal":
+            self.position = SinusoidalPositionalEncoding(config, dtype)
+        elif config.positional == "learned":
+            self.position = LearnedPositionalEmbedding(config, dtype)
+        else:
+            self.position = None  # positional == "none": a bag of words (permutation-equivariant)
+        self.token_type = (
+            TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
+        )
+        self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
+
+    def __call__(self, ids: jax.Array, token_type_ids: jax.Array | None = None, offset: int = 0) -> jax.Array:
+        check_token_ids("ids", ids, self.vocab_size, self.config.max_len - offset)
+        x = self.token(ids)  # (B, T, d_model)
+        if self.position is not None:
+            x = x + self.position(ids.shape[1], offset)[None]  # + (1, T, d_model)
+        if self.token_type is not None:
+            if token_type_ids is None:
+                token_type_ids = jnp.zeros_like(ids)  # (B, T)
+            check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
+            check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
+            x = x + self.token_type(token_type_ids)  # + (B, T, d_model)
+        elif token_type_ids is not None:
+            check_no_token_types()
+        if self.norm is not None:
+            x = self.norm(x)  # (B, T, d_model)
+        return x

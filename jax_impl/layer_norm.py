@@ -1,0 +1,38 @@
+"""Layer normalisation (Ba et al., 2016) over the last (feature) axis."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer_spec import Config
+
+
+class LayerNorm(nnx.Module):
+    """``(x - mean) / sqrt(var + eps) * weight + bias``.
+
+    The variance is the *biased* one (divide by d, not d - 1) and eps sits inside the
+    square root: that is what torch, Flax and BERT compute. (A common hand-written
+    version uses ``x.std()`` -- unbiased -- and adds eps to the std: close, not equal.)
+
+    Not ``nnx.LayerNorm``: its default ``use_fast_variance=True`` computes
+    var = E[x^2] - E[x]^2, which cancels catastrophically when the mean is large
+    compared with the spread, and its default epsilon is 1e-6, not 1e-5. Its
+    parameters are also called ``scale``/``bias``; ours keep the canonical names.
+    """
+
+    schema = "layer_norm"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.config = config
+        self.eps = float(config.layer_norm_eps)  # a Python float: it does not change the dtype of x
+        self.weight = nnx.Param(jnp.ones((config.d_model,), dtype))  # (d_model,)
+        self.bias = nnx.Param(jnp.zeros((config.d_model,), dtype)) if config.bias else None  # (d_model,)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (..., 1), biased
+        x_hat = (x - mean) / jnp.sqrt(var + self.eps)  # (..., d_model)
+        y = x_hat * self.weight[...]  # (..., d_model); [...] reads the Param's array
+        return y + self.bias[...] if self.bias is not None else y  # (..., d_model)

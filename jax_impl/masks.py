@@ -1,0 +1,33 @@
+"""Masks: boolean, True = may attend, shaped to broadcast against (B, H, T_q, T_k)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def make_padding_mask(ids: jax.Array, pad_id: int) -> jax.Array:
+    """(B, T) ids -> (B, 1, 1, T): every query may look at every non-pad key."""
+    return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, T)
+
+
+def make_causal_mask(seq_len: int) -> jax.Array:
+    """(1, 1, T, T), lower triangular: position i may look at positions 0..i only.
+
+    ``seq_len`` is a Python int (a shape), so this works unchanged inside ``jax.jit``.
+    """
+    return jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))[None, None, :, :]  # (1, 1, T, T)
+
+
+def make_decoder_mask(ids: jax.Array, pad_id: int) -> jax.Array:
+    """Decoder self-attention: causal AND key not padding -> (B, 1, T, T)."""
+    return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1])  # (B, 1, 1, T) & (1, 1, T, T)
+
+
+def make_cross_attention_mask(src_ids: jax.Array, pad_id: int) -> jax.Array:
+    """Decoder queries over encoder keys: hide the *source* padding -> (B, 1, 1, T_src).
+
+    It broadcasts over the T_tgt query rows; its last axis is the source length, not
+    the target length (the mismatch the seeds' decoder tripped on).
+    """
+    return make_padding_mask(src_ids, pad_id)  # (B, 1, 1, T_src)

@@ -1,0 +1,63 @@
+"""Positional information: the paper's fixed sinusoids, or a learned table."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer_spec import Config
+
+
+class Buffer(nnx.Variable):
+    """A non-trainable array that belongs to a module (torch's ``register_buffer``).
+
+    An ``nnx.Variable`` but not an ``nnx.Param``: ``nnx.state(model, nnx.Param)``,
+    optimisers and ``to_params`` leave it out, while ``nnx.split`` still carries it
+    into a jitted function as an ordinary input (not baked in as a constant).
+    """
+
+
+def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> jax.Array:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
+
+    Written so that an odd d_model works: there are ceil(d/2) sine columns but only
+    floor(d/2) cosine columns (``pe[:, 1::2] = cos`` with ceil(d/2) frequencies fails).
+
+    JAX differences: arrays are immutable, so the columns are written with
+    ``.at[...].set(...)`` (which returns a new array). And JAX has float64 only when
+    ``jax_enable_x64`` is on; without it the table is computed in float32, whose
+    rounding of the angle (up to pos * 2^-24 rad) leaves entries up to ~4e-6 off
+    NumPy's float64-computed table at max_len=64, ~3e-5 at max_len=512.
+    """
+    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32  # the widest float JAX has now
+    position = jnp.arange(max_len, dtype=wide)[:, None]  # (max_len, 1)
+    two_i = jnp.arange(0, d_model, 2, dtype=wide)  # (ceil(d/2),)
+    angle = position * jnp.exp(-math.log(10000.0) * two_i / d_model)  # (max_len, ceil(d/2))
+    pe = jnp.zeros((max_len, d_model), dtype=wide)  # (max_len, d_model)
+    pe = pe.at[:, 0::2].set(jnp.sin(angle))  # (max_len, d_model)
+    pe = pe.at[:, 1::2].set(jnp.cos(angle[:, : d_model // 2]))  # (max_len, d_model)
+    return pe.astype(dtype)  # (max_len, d_model)
+
+
+class SinusoidalPositionalEncoding(nnx.Module):
+    """A fixed table, not a parameter: nothing of it is saved in the weights."""
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.pe = Buffer(sinusoidal_table(config.max_len, config.d_model, dtype))  # (max_len, d_model)
+
+    def __call__(self, seq_len: int, offset: int = 0) -> jax.Array:
+        # seq_len and offset are Python ints (shapes), so the slice is static under jit.
+        return self.pe[offset : offset + seq_len]  # (T, d_model)
+
+
+class LearnedPositionalEmbedding(nnx.Module):
+    """One trained vector per position (BERT, GPT)."""
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.weight = nnx.Param(jnp.zeros((config.max_len, config.d_model), dtype))  # (max_len, d_model)
+
+    def __call__(self, seq_len: int, offset: int = 0) -> jax.Array:
+        return self.weight[offset : offset + seq_len]  # (T, d_model)
