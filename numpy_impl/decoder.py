@@ -72,7 +72,7 @@ class Decoder:
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
         self.layers = [DecoderLayer(config, dtype) for _ in range(config.num_decoder_layers)]
-        self.norm = LayerNorm(config, dtype) if config.decoder_final_norm else None
+        self.norm = LayerNorm(config, dtype) if config.use_decoder_final_norm else None
 
     def __call__(
         self,

@@ -75,7 +75,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.config = config
         self.layers = nn.ModuleList([DecoderLayer(config, dtype) for _ in range(config.num_decoder_layers)])
-        self.norm = LayerNorm(config, dtype) if config.decoder_final_norm else None
+        self.norm = LayerNorm(config, dtype) if config.use_decoder_final_norm else None
 
     def forward(
         self,

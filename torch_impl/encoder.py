@@ -49,7 +49,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.config = config
         self.layers = nn.ModuleList([EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)])
-        self.norm = LayerNorm(config, dtype) if config.encoder_final_norm else None
+        self.norm = LayerNorm(config, dtype) if config.use_encoder_final_norm else None
 
     def forward(
         self,

@@ -31,6 +31,9 @@ class Config:
         a LayerNorm after the last layer. ``None`` means "= norm_first": pre-norm
         stacks need one (their residual stream is never normalised otherwise), the
         paper's post-norm stack has none. ``torch.nn.Transformer`` always has both.
+        The fields keep what was given (so ``replace(norm_first=True)`` still follows
+        the default); read the resolved choice from ``use_encoder_final_norm`` and
+        ``use_decoder_final_norm``.
     """
 
     kind: str = "encoder_decoder"
@@ -56,10 +59,6 @@ class Config:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
-        if self.encoder_final_norm is None:
-            object.__setattr__(self, "encoder_final_norm", self.norm_first)
-        if self.decoder_final_norm is None:
-            object.__setattr__(self, "decoder_final_norm", self.norm_first)
         self._validate()
 
     # ------------------------------------------------------------------ checks
@@ -94,6 +93,14 @@ class Config:
     def d_k(self) -> int:
         """Features per head (the paper's d_k = d_v = d_model / h)."""
         return self.d_model // self.num_heads
+
+    @property
+    def use_encoder_final_norm(self) -> bool:
+        return self.norm_first if self.encoder_final_norm is None else bool(self.encoder_final_norm)
+
+    @property
+    def use_decoder_final_norm(self) -> bool:
+        return self.norm_first if self.decoder_final_norm is None else bool(self.decoder_final_norm)
 
     @property
     def uses_encoder(self) -> bool:

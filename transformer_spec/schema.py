@@ -103,7 +103,7 @@ def encoder_schema(config: Config, prefix: str = "") -> Schema:
     schema: Schema = {}
     for i in range(config.num_encoder_layers):
         schema |= encoder_layer_schema(config, _join(prefix, f"layers.{i}"))
-    if config.encoder_final_norm:
+    if config.use_encoder_final_norm:
         schema |= layer_norm_schema(config, _join(prefix, "norm"))
     return schema
 
@@ -112,7 +112,7 @@ def decoder_schema(config: Config, prefix: str = "") -> Schema:
     schema: Schema = {}
     for i in range(config.num_decoder_layers):
         schema |= decoder_layer_schema(config, _join(prefix, f"layers.{i}"))
-    if config.decoder_final_norm:
+    if config.use_decoder_final_norm:
         schema |= layer_norm_schema(config, _join(prefix, "norm"))
     return schema
 

@@ -1,0 +1,72 @@
+"""Encoder layer and stack (paper, section 3.1, left half of figure 1)."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from transformer_spec import Config
+from transformer_spec.checks import check_hidden
+
+from .attention import MultiHeadAttention
+from .feed_forward import PositionwiseFeedForward
+from .layer_norm import LayerNorm
+from .sublayer import sublayer_connection
+
+
+class EncoderLayer(nnx.Module):
+    """Self-attention, then feed-forward, each wrapped in a residual connection."""
+
+    schema = "encoder_layer"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.config = config
+        self.self_attn = MultiHeadAttention(config, dtype)
+        self.self_attn_norm = LayerNorm(config, dtype)
+        self.ffn = PositionwiseFeedForward(config, dtype)
+        self.ffn_norm = LayerNorm(config, dtype)
+
+    def __call__(
+        self, x: jax.Array, mask: jax.Array | None = None, need_weights: bool = False
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """x (B, T, d_model), mask (B|1, 1, T|1, T) -> (B, T, d_model), weights (B, H, T, T)."""
+        check_hidden("x", x.shape, self.config.d_model)
+        norm_first = self.config.norm_first
+        x, weights = sublayer_connection(
+            x, lambda h: self.self_attn(h, h, h, mask, need_weights), self.self_attn_norm, norm_first
+        )  # (B, T, d_model), (B, H, T, T) or None
+        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)  # (B, T, d_model)
+        return x, weights
+
+
+class Encoder(nnx.Module):
+    """N identical layers (each with its own weights), then an optional final LayerNorm.
+
+    The layers sit in an ``nnx.List`` (Flax NNX only finds parameters in its own
+    containers). Under jit the Python loop is unrolled: N copies of the layer in the
+    compiled graph (``nnx.scan`` over stacked weights would compile one).
+    """
+
+    schema = "encoder"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.config = config
+        self.layers = nnx.List([EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)])
+        self.norm = LayerNorm(config, dtype) if config.encoder_final_norm else None
+
+    def __call__(
+        self,
+        x: jax.Array,
+        mask: jax.Array | None = None,
+        need_weights: bool = False,
+        need_hidden_states: bool = False,
+    ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+        """-> (output (B, T, d_model), hidden states (input + each layer's output), weights per layer)."""
+        hidden_states, attentions = [x], []
+        for layer in self.layers:
+            x, weights = layer(x, mask, need_weights)  # (B, T, d_model), (B, H, T, T) or None
+            hidden_states.append(x)
+            attentions.append(weights)
+        if self.norm is not None:
+            x = self.norm(x)  # (B, T, d_model)
+        return x, (tuple(hidden_states) if need_hidden_states else ()), (tuple(attentions) if need_weights else ())

@@ -1,0 +1,94 @@
+"""transformer_spec alone (no backend): config validation, schema, init, safetensors I/O."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from transformer_spec import (
+    PRESETS, Config, WeightsError, attention_to_heads, check_params, init_params, load_params, param_schema, save_params,
+)
+
+
+def test_d_model_not_divisible_by_heads_is_refused_with_both_numbers():
+    with pytest.raises(ValueError, match=r"d_model \(36\) must be divisible by num_heads \(5\)"):
+        Config(d_model=36, num_heads=5)
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"activation": "swish"}, "activation must be one of ['relu', 'gelu', 'gelu_tanh'], got 'swish'"),
+        ({"positional": "rope"}, "positional must be one of"),
+        ({"kind": "seq2seq"}, "kind must be one of"),
+        ({"d_ff": 0}, "d_ff must be a positive integer, got 0"),
+        ({"num_heads": 2.0}, "num_heads must be a positive integer, got 2.0"),
+        ({"layer_norm_eps": 0.0}, "layer_norm_eps must be a positive number"),
+        ({"pad_id": 32000}, "pad_id must be an id in [0, src_vocab_size=32000), got 32000"),
+        ({"kind": "encoder_only", "tie_output": True}, "tie_output=True needs a decoder"),
+    ],
+)
+def test_invalid_configs_are_refused_at_construction(changes, words):
+    with pytest.raises(ValueError) as error:
+        Config(**changes)
+    assert words in str(error.value)
+
+
+def test_presets_are_valid_and_the_paper_base_has_table_3_sizes():
+    base = Config.preset("base")
+    assert (base.d_model, base.num_heads, base.d_ff, base.num_encoder_layers, base.d_k) == (512, 8, 2048, 6, 64)
+    assert not base.norm_first and not base.use_encoder_final_norm  # the paper is post-norm without final norms
+    assert Config.preset("base", norm_first=True).use_encoder_final_norm  # pre-norm stacks get one by default
+    assert set(PRESETS) >= {"tiny", "tiny-lm", "tiny-bert", "base", "bert-base"}
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        Config.preset("huge")
+
+
+def test_config_survives_json():
+    config = Config.preset("tiny-bert")
+    assert Config.from_json(config.to_json()) == config
+    with pytest.raises(ValueError, match=r"unknown Config fields \['heads'\]"):
+        Config.from_dict({"heads": 3})
+
+
+def test_bert_base_schema_has_bert_base_parameter_count():
+    schema = param_schema(Config.preset("bert-base"))
+    total = sum(int(np.prod(s)) for s in schema.values())
+    assert total == 108_891_648  # BertModel without its pooler (768 * 768 + 768 = 590,592 more with it)
+
+
+def test_init_is_seeded_and_layers_get_different_weights():
+    config = Config.preset("tiny")
+    a, b, c = init_params(config, seed=1), init_params(config, seed=1), init_params(config, seed=2)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["encoder.layers.0.ffn.w_1.weight"], c["encoder.layers.0.ffn.w_1.weight"])
+    assert not np.array_equal(a["encoder.layers.0.ffn.w_1.weight"], a["encoder.layers.1.ffn.w_1.weight"])
+    assert np.all(a["encoder.layers.0.self_attn_norm.weight"] == 1) and np.all(a["encoder.layers.0.ffn.w_1.bias"] == 0)
+
+
+def test_save_then_load_returns_the_same_weights_and_config(tmp_path):
+    config = Config.preset("tiny-lm")
+    params = init_params(config, dtype="float64")
+    save_params(tmp_path / "w.safetensors", params, config)
+    loaded, stored = load_params(tmp_path / "w.safetensors")
+    assert stored == config and loaded.keys() == params.keys()
+    assert all(np.array_equal(loaded[k], params[k]) and loaded[k].dtype == np.float64 for k in params)
+
+
+def test_check_params_names_every_problem():
+    schema = {"a.weight": (2, 3), "a.bias": (3,), "b.weight": (3, 3)}
+    with pytest.raises(WeightsError) as error:
+        check_params({"a.weight": (3, 2), "b.weight": (3, 3), "c": (1,)}, schema)
+    message = str(error.value)
+    assert "missing keys ['a.bias']" in message
+    assert "unexpected keys ['c']" in message
+    assert "a.weight: expected (2, 3), got (3, 2)" in message
+
+
+def test_attention_to_heads_slices_columns_per_head():
+    config = Config.preset("tiny")
+    params = init_params(config, component="attention", nonzero_biases=True)
+    heads = attention_to_heads(params, config)
+    assert set(heads) == set(param_schema(config, "attention_heads"))
+    assert np.array_equal(heads["heads.1.w_k.weight"], params["w_k.weight"][:, 12:24])
+    assert np.array_equal(heads["heads.2.w_v.bias"], params["w_v.bias"][24:36])
