@@ -52,7 +52,10 @@ class DecoderLayer(nnx.Module):
             _check_memory(memory, x, self.config.d_model)
             # queries from the decoder, keys and values from the encoder: (B, T_tgt, T_src) scores
             x, cross_weights = sublayer_connection(
-                x, lambda h: self.cross_attn(h, memory, memory, memory_mask, need_weights), self.cross_attn_norm, norm_first
+                x,
+                lambda h: self.cross_attn(h, memory, memory, memory_mask, need_weights),
+                self.cross_attn_norm,
+                norm_first,
             )  # (B, T_tgt, d_model), (B, H, T_tgt, T_src) or None
         x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)  # (B, T_tgt, d_model)
         return x, self_weights, cross_weights
@@ -73,7 +76,7 @@ class Decoder(nnx.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
         self.layers = nnx.List([DecoderLayer(config, dtype) for _ in range(config.num_decoder_layers)])
-        self.norm = LayerNorm(config, dtype) if config.decoder_final_norm else None
+        self.norm = LayerNorm(config, dtype) if config.use_decoder_final_norm else None
 
     def __call__(
         self,
@@ -87,7 +90,8 @@ class Decoder(nnx.Module):
         """-> (output, hidden states, self-attention weights per layer, cross-attention weights per layer)."""
         hidden_states, self_attentions, cross_attentions = [x], [], []
         for layer in self.layers:
-            x, self_weights, cross_weights = layer(x, memory, tgt_mask, memory_mask, need_weights)  # (B, T_tgt, d_model)
+            # (B, T_tgt, d_model), (B, H, T_tgt, T_tgt) or None, (B, H, T_tgt, T_src) or None
+            x, self_weights, cross_weights = layer(x, memory, tgt_mask, memory_mask, need_weights)
             hidden_states.append(x)
             self_attentions.append(self_weights)
             cross_attentions.append(cross_weights)

@@ -52,7 +52,7 @@ class Encoder(nnx.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
         self.layers = nnx.List([EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)])
-        self.norm = LayerNorm(config, dtype) if config.encoder_final_norm else None
+        self.norm = LayerNorm(config, dtype) if config.use_encoder_final_norm else None
 
     def __call__(
         self,

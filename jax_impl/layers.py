@@ -14,7 +14,7 @@ import jax
 from flax import nnx
 
 
-def Linear(d_in: int, d_out: int, bias: bool = True, dtype: str = "float32") -> nnx.Linear:  # noqa: N802
+def Linear(d_in: int, d_out: int, bias: bool = True, dtype: str = "float32") -> nnx.Linear:
     """``x @ weight + bias`` with ``weight`` (Flax: ``kernel``) stored [in, out], as in the paper's equations.
 
     A factory, not a class: it returns a plain ``nnx.Linear``. Differences from a bare

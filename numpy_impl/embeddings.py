@@ -7,11 +7,10 @@ import math
 import numpy as np
 
 from transformer_spec import Config
+from transformer_spec.checks import check_no_token_types, check_same_shape
 
 from .layer_norm import LayerNorm
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from transformer_spec.checks import check_no_token_types, check_same_shape
-
 from .validate import check_token_ids
 
 

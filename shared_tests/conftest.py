@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 
-from .backends import NAMES, get_backend
+from transformer_cli.backends import NAMES, get_backend
 
 if importlib.util.find_spec("jax") is not None:
     import jax

@@ -152,7 +152,7 @@ def test_decoder_layer_matches_reference(backend, reference, dtype, config):
     got, want = run_component(
         backend, reference, "DecoderLayer", config, dtype, x, memory, tgt_mask, memory_mask, need_weights=True
     )
-    for name, g, w in zip(("output", "self weights", "cross weights"), got, want):
+    for name, g, w in zip(("output", "self weights", "cross weights"), got, want, strict=True):
         assert_close(g, w, dtype, f"decoder layer {name}")
 
 
@@ -164,11 +164,11 @@ def test_encoder_and_decoder_stacks_match_reference(backend, reference, dtype, c
     memory = hidden(3, 11, config.d_model, seed=2)
     got, want = run_component(backend, reference, "Encoder", config, dtype, memory, src_mask, True, True)
     assert len(got[1]) == config.num_encoder_layers + 1
-    for g, w in zip(got[1] + got[2] + (got[0],), want[1] + want[2] + (want[0],)):
+    for g, w in zip(got[1] + got[2] + (got[0],), want[1] + want[2] + (want[0],), strict=True):
         assert_close(g, w, dtype, "encoder stack")
     got, want = run_component(
         backend, reference, "Decoder", config, dtype, hidden(3, 7, config.d_model, seed=1), memory,
         reference.impl.make_decoder_mask(tgt, 0), src_mask, True, True,
     )
-    for g, w in zip(got[1] + got[2] + got[3] + (got[0],), want[1] + want[2] + want[3] + (want[0],)):
+    for g, w in zip(got[1] + got[2] + got[3] + (got[0],), want[1] + want[2] + want[3] + (want[0],), strict=True):
         assert_close(g, w, dtype, "decoder stack")

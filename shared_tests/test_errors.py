@@ -12,7 +12,7 @@ import pytest
 
 from transformer_spec import Config, WeightsError, WeightsFileError, init_params, save_params
 
-from .cases import TINY, as_kind, hidden, token_ids
+from .cases import TINY, as_kind, hidden
 
 LM = as_kind(TINY, "decoder_only")
 BERT = Config.preset("tiny-bert")

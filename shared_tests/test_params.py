@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transformer_spec import Config, load_params, param_schema, save_params, init_params
+from transformer_spec import Config, init_params, load_params, param_schema, save_params
 
 from .cases import DTYPES, VARIANTS, as_kind, model_inputs
 from .tolerances import assert_close

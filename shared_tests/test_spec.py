@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from transformer_spec import (
-    PRESETS, Config, WeightsError, attention_to_heads, check_params, init_params, load_params, param_schema, save_params,
+    PRESETS,
+    Config,
+    WeightsError,
+    attention_to_heads,
+    check_params,
+    init_params,
+    load_params,
+    param_schema,
+    save_params,
 )
 
 

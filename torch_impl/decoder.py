@@ -53,7 +53,10 @@ class DecoderLayer(nn.Module):
             _check_memory(memory, x, self.config.d_model)
             # queries from the decoder, keys and values from the encoder: (B, T_tgt, T_src) scores
             x, cross_weights = sublayer_connection(
-                x, lambda h: self.cross_attn(h, memory, memory, memory_mask, need_weights), self.cross_attn_norm, norm_first
+                x,
+                lambda h: self.cross_attn(h, memory, memory, memory_mask, need_weights),
+                self.cross_attn_norm,
+                norm_first,
             )
         x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)
         return x, self_weights, cross_weights

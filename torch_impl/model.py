@@ -72,7 +72,9 @@ class Transformer(nn.Module):
         the encoder and for cross-attention, causal AND target padding for the decoder."""
         check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
         check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
-        memory, encoder_hidden, encoder_attentions = self.encode(src_ids, src_mask, return_attentions, return_hidden_states)
+        memory, encoder_hidden, encoder_attentions = self.encode(
+            src_ids, src_mask, return_attentions, return_hidden_states
+        )
         if memory_mask is None:
             memory_mask = make_cross_attention_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
         x, hidden, self_attentions, cross_attentions = self.decode(

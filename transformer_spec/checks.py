@@ -63,7 +63,7 @@ def check_mask(
     want = f"a boolean mask (True = may attend) broadcastable to {dims}{_shape(expected)} with {len(expected)} dims"
     if not is_bool:
         raise TypeError(f"{name} must be {want}, got dtype {dtype}")
-    fits = len(shape) == len(expected) and all(s in (1, e) for s, e in zip(shape, expected))
+    fits = len(shape) == len(expected) and all(s in (1, e) for s, e in zip(shape, expected, strict=True))
     if not fits:
         raise ValueError(f"{name} must be {want}, got shape {_shape(shape)}")
 

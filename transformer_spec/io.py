@@ -7,9 +7,8 @@ import os
 from collections.abc import Mapping
 
 import numpy as np
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
-from safetensors import safe_open
 
 from .checks import WeightsFileError, check_params
 from .config import Config

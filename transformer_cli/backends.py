@@ -1,8 +1,8 @@
 """One adapter per backend: NumPy arrays in, NumPy arrays out, the backend's own code between.
 
-Tests never import a backend directly; they receive a ``Backend`` from the ``backend``
-fixture and call the same public names on ``backend.impl`` (the three backends export
-identical names, so one test body serves all three).
+The command line and the shared test suite both drive the backends through these
+adapters. Neither imports a backend directly: they call the same public names on
+``backend.impl`` (the three backends export identical names, so one body serves all).
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ class Backend:
 
     def build(self, module_class_name: str, config, params, dtype: str | None = None) -> Any:
         return self.impl.from_params(getattr(self.impl, module_class_name), config, params, dtype)
+
+    def synchronize(self, result: Any) -> Any:
+        """Wait until ``result`` is computed (JAX dispatches asynchronously)."""
+        return result
 
     def call(self, fn, *args, **kwargs) -> Any:
         """Run ``fn`` on backend arrays made from the NumPy ``args``; return NumPy results."""
@@ -82,6 +86,11 @@ class JaxBackend(Backend):
     def to_numpy(self, x):
         return np.asarray(x)
 
+    def synchronize(self, result):
+        import jax
+
+        return jax.block_until_ready(result)
+
 
 class TorchBackend(Backend):
     name = "torch"
@@ -104,6 +113,18 @@ class TorchBackend(Backend):
 
 FACTORIES = {"numpy": NumpyBackend, "jax": JaxBackend, "torch": TorchBackend}
 _CACHE: dict[str, Backend] = {}
+
+
+def available_backends() -> list[str]:
+    """Names of the backends whose framework is installed."""
+    found = []
+    for name in NAMES:
+        try:
+            get_backend(name)
+        except ImportError:
+            continue
+        found.append(name)
+    return found
 
 
 def get_backend(name: str) -> Backend:

@@ -1,0 +1,64 @@
+"""The Transformer in JAX + Flax NNX (float32, or float64 with jax_enable_x64): a translation of numpy_impl."""
+
+from transformer_spec import ModelOutput
+
+from .attention import (
+    AttentionHead,
+    MultiHeadAttention,
+    MultiHeadAttentionLoop,
+    masked_softmax,
+    scaled_dot_product_attention,
+)
+from .decoder import Decoder, DecoderLayer
+from .embeddings import Embeddings, TokenEmbedding
+from .encoder import Encoder, EncoderLayer
+from .feed_forward import ACTIVATIONS, PositionwiseFeedForward, gelu, gelu_tanh, relu
+from .layer_norm import LayerNorm
+from .layers import Linear
+from .masks import make_causal_mask, make_cross_attention_mask, make_decoder_mask, make_padding_mask
+from .model import MODEL_CLASSES, Generator, Transformer, TransformerEncoderModel, TransformerLM
+from .params import build_model, from_params, load_model, to_params
+from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
+from .sublayer import sublayer_connection
+
+BACKEND = "jax"
+
+__all__ = [
+    "ACTIVATIONS",
+    "BACKEND",
+    "MODEL_CLASSES",
+    "AttentionHead",
+    "Decoder",
+    "DecoderLayer",
+    "Embeddings",
+    "Encoder",
+    "EncoderLayer",
+    "Generator",
+    "LayerNorm",
+    "LearnedPositionalEmbedding",
+    "Linear",
+    "ModelOutput",
+    "MultiHeadAttention",
+    "MultiHeadAttentionLoop",
+    "PositionwiseFeedForward",
+    "SinusoidalPositionalEncoding",
+    "TokenEmbedding",
+    "Transformer",
+    "TransformerEncoderModel",
+    "TransformerLM",
+    "build_model",
+    "from_params",
+    "gelu",
+    "gelu_tanh",
+    "load_model",
+    "make_causal_mask",
+    "make_cross_attention_mask",
+    "make_decoder_mask",
+    "make_padding_mask",
+    "masked_softmax",
+    "relu",
+    "scaled_dot_product_attention",
+    "sinusoidal_table",
+    "sublayer_connection",
+    "to_params",
+]

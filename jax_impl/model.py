@@ -1,0 +1,282 @@
+"""Whole models: encoder-decoder (the paper), decoder-only LM (the seeds), encoder-only (BERT).
+
+JAX runs a model in one of two ways, and every model here offers both:
+
+* ``model.forward(...)``: eager, op by op, each ``jnp`` call dispatched on its own --
+  the NumPy code path, line for line. Slow; for tests and debugging.
+* ``model(...)``: (1) the input checks, eagerly, on the concrete arrays the caller
+  passed, then (2) the whole forward pass as one XLA program, compiled by ``jax.jit``
+  on first use for each (model structure, flags, input shapes and dtypes) and cached.
+
+Why the checks run outside jit: inside a trace an array has a shape and a dtype but
+no values, so "is every id in [0, vocab)" cannot be asked there; and jit converts its
+inputs first (without ``jax_enable_x64``, int64 -> int32, float64 -> float32), so a
+dtype error raised inside would name the converted dtype, not the caller's.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer_spec import Config, ModelOutput
+from transformer_spec.checks import check_model_kind, check_no_token_types, check_same_batch, check_same_shape
+
+from .decoder import Decoder
+from .embeddings import Embeddings
+from .encoder import Encoder
+from .layers import Linear
+from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
+from .validate import check_mask, check_token_ids
+
+
+class Generator(nnx.Module):
+    """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
+    target embedding table, transposed (paper, section 3.4), and has no weights of its own.
+
+    (``self.tgt_embed`` is the model's own ``Embeddings`` object: NNX keeps it shared,
+    one table in ``nnx.state``, not a copy.)
+    """
+
+    def __init__(self, config: Config, dtype: str, tgt_embed: Embeddings):
+        self.tgt_embed = tgt_embed
+        self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.proj is None:
+            weight = self.tgt_embed.token.weight[...]  # (V, d_model)
+            return jnp.matmul(x, weight.T, precision=jax.lax.Precision.HIGHEST)  # (B, T, d_model) @ (d_model, V)
+        return self.proj(x)  # (B, T, V)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "method", "return_attentions", "return_hidden_states"))
+def _jit_forward(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    method: str,
+    inputs: tuple,
+    return_attentions: bool,
+    return_hidden_states: bool,
+) -> dict[str, Any]:
+    """``getattr(model, method)(*inputs, ...)`` as one compiled XLA program.
+
+    A pure function of arrays, so plain ``jax.jit`` applies: ``nnx.split`` turned the
+    model into ``graphdef`` (its structure and Python attributes: hashable, static, part
+    of the cache key) and ``state`` (its arrays: traced inputs). ``inputs`` is a tuple
+    of arrays and Nones (a pytree; None is an empty pytree node, so "no mask" and "a
+    mask" compile separately). ``nnx.jit(model)`` would do the split itself but costs
+    about 1 ms of Python per call; this costs tens of microseconds once compiled.
+    """
+    model = nnx.merge(graphdef, state)
+    return getattr(model, method)(*inputs, return_attentions, return_hidden_states)
+
+
+class Transformer(nnx.Module):
+    """Encoder-decoder: src ids -> memory; tgt ids (shifted right) + memory -> next-token logits."""
+
+    schema = "model"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        check_model_kind("Transformer", "encoder_decoder", config.kind)
+        self.config = config
+        self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
+        self.encoder = Encoder(config, dtype)
+        self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
+        self.decoder = Decoder(config, dtype)
+        self.generator = Generator(config, dtype, self.tgt_embed)
+
+    def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
+        """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights. Eager (not jitted)."""
+        if src_mask is None:
+            src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
+        return self.encoder(self.src_embed(src_ids), src_mask, need_weights, need_hidden_states)
+
+    def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
+        """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights. Eager (not jitted)."""
+        if tgt_mask is None:
+            tgt_mask = make_decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
+        return self.decoder(self.tgt_embed(tgt_ids), memory, tgt_mask, memory_mask, need_weights, need_hidden_states)
+
+    def __call__(
+        self,
+        src_ids: jax.Array,
+        tgt_ids: jax.Array,
+        src_mask: jax.Array | None = None,
+        tgt_mask: jax.Array | None = None,
+        memory_mask: jax.Array | None = None,
+        return_attentions: bool = False,
+        return_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """Masks left as None are built from the ids and ``config.pad_id``: source padding for
+        the encoder and for cross-attention, causal AND target padding for the decoder.
+
+        Checks the inputs eagerly (in the order ``forward`` meets them), then runs the
+        jit-compiled forward pass; returns the same as ``forward``.
+        """
+        # The checks ``forward`` makes, in its order, on the caller's concrete arrays.
+        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
+        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
+        (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
+        check_mask("mask", src_mask, (b_src, heads, t_src, t_src))  # the encoder's self-attention
+        check_mask("mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt))  # the decoder's self-attention
+        memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
+        check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
+        check_mask("mask", memory_mask, (b_tgt, heads, t_tgt, t_src))
+        graphdef, state = nnx.split(self)
+        inputs = (src_ids, tgt_ids, src_mask, tgt_mask, memory_mask)
+        return ModelOutput(**_jit_forward(graphdef, state, "_forward", inputs, return_attentions, return_hidden_states))
+
+    def forward(
+        self,
+        src_ids: jax.Array,
+        tgt_ids: jax.Array,
+        src_mask: jax.Array | None = None,
+        tgt_mask: jax.Array | None = None,
+        memory_mask: jax.Array | None = None,
+        return_attentions: bool = False,
+        return_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """``__call__`` without jit: every operation runs eagerly, as in NumPy."""
+        return ModelOutput(
+            **self._forward(src_ids, tgt_ids, src_mask, tgt_mask, memory_mask, return_attentions, return_hidden_states)
+        )
+
+    def _forward(self, src_ids, tgt_ids, src_mask, tgt_mask, memory_mask, return_attentions, return_hidden_states):
+        """numpy_impl's ``__call__``, returning ModelOutput's fields as a dict: a pytree that
+        ``jax.jit`` can return (the ModelOutput dataclass is not registered as one)."""
+        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
+        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
+        memory, encoder_hidden, encoder_attentions = self.encode(
+            src_ids, src_mask, return_attentions, return_hidden_states
+        )  # (B, T_src, d_model), ...
+        if memory_mask is None:
+            memory_mask = make_cross_attention_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
+        x, hidden, self_attentions, cross_attentions = self.decode(
+            tgt_ids, memory, tgt_mask, memory_mask, return_attentions, return_hidden_states
+        )  # (B, T_tgt, d_model), ...
+        return {
+            "logits": self.generator(x),  # (B, T_tgt, tgt_vocab)
+            "last_hidden_state": x,
+            "hidden_states": hidden,
+            "attentions": self_attentions,
+            "cross_attentions": cross_attentions,
+            "encoder_last_hidden_state": memory,
+            "encoder_hidden_states": encoder_hidden,
+            "encoder_attentions": encoder_attentions,
+        }
+
+
+class TransformerLM(nnx.Module):
+    """Decoder-only causal language model: ids -> next-token logits at every position."""
+
+    schema = "model"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        check_model_kind("TransformerLM", "decoder_only", config.kind)
+        self.config = config
+        self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
+        self.decoder = Decoder(config, dtype)
+        self.generator = Generator(config, dtype, self.tgt_embed)
+
+    def __call__(
+        self,
+        ids: jax.Array,
+        mask: jax.Array | None = None,
+        return_attentions: bool = False,
+        return_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """Checks the inputs eagerly, then runs the jit-compiled forward pass (see ``forward``)."""
+        # The checks ``forward`` makes, in its order, on the caller's concrete arrays.
+        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
+        batch, seq_len = ids.shape
+        check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
+        graphdef, state = nnx.split(self)
+        inputs = (ids, mask)
+        return ModelOutput(**_jit_forward(graphdef, state, "_forward", inputs, return_attentions, return_hidden_states))
+
+    def forward(
+        self,
+        ids: jax.Array,
+        mask: jax.Array | None = None,
+        return_attentions: bool = False,
+        return_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """``__call__`` without jit: every operation runs eagerly, as in NumPy."""
+        return ModelOutput(**self._forward(ids, mask, return_attentions, return_hidden_states))
+
+    def _forward(self, ids, mask, return_attentions, return_hidden_states):
+        """numpy_impl's ``__call__``, returning ModelOutput's fields as a dict (a pytree)."""
+        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
+        if mask is None:
+            mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
+        x, hidden, attentions, _ = self.decoder(
+            self.tgt_embed(ids), None, mask, None, return_attentions, return_hidden_states
+        )  # (B, T, d_model), ...
+        return {"logits": self.generator(x), "last_hidden_state": x, "hidden_states": hidden, "attentions": attentions}
+
+
+class TransformerEncoderModel(nnx.Module):
+    """Encoder-only (BERT-style): ids (+ token types) -> contextual vectors."""
+
+    schema = "model"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        check_model_kind("TransformerEncoderModel", "encoder_only", config.kind)
+        self.config = config
+        self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
+        self.encoder = Encoder(config, dtype)
+
+    def __call__(
+        self,
+        ids: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        mask: jax.Array | None = None,
+        return_attentions: bool = False,
+        return_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """Checks the inputs eagerly, then runs the jit-compiled forward pass (see ``forward``)."""
+        # The checks ``forward`` makes, in its order, on the caller's concrete arrays.
+        check_token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len)
+        if self.src_embed.token_type is None:
+            if token_type_ids is not None:
+                check_no_token_types()
+        elif token_type_ids is not None:  # None becomes zeros: always in range
+            check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
+            check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
+        batch, seq_len = ids.shape
+        check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
+        graphdef, state = nnx.split(self)
+        inputs = (ids, token_type_ids, mask)
+        return ModelOutput(**_jit_forward(graphdef, state, "_forward", inputs, return_attentions, return_hidden_states))
+
+    def forward(
+        self,
+        ids: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        mask: jax.Array | None = None,
+        return_attentions: bool = False,
+        return_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """``__call__`` without jit: every operation runs eagerly, as in NumPy."""
+        return ModelOutput(**self._forward(ids, token_type_ids, mask, return_attentions, return_hidden_states))
+
+    def _forward(self, ids, token_type_ids, mask, return_attentions, return_hidden_states):
+        """numpy_impl's ``__call__``, returning ModelOutput's fields as a dict (a pytree)."""
+        check_token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len)
+        if mask is None:
+            mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
+        x, hidden, attentions = self.encoder(
+            self.src_embed(ids, token_type_ids), mask, return_attentions, return_hidden_states
+        )  # (B, T, d_model), ...
+        return {"last_hidden_state": x, "hidden_states": hidden, "attentions": attentions}
+
+
+MODEL_CLASSES = {
+    "encoder_decoder": Transformer,
+    "decoder_only": TransformerLM,
+    "encoder_only": TransformerEncoderModel,
+}

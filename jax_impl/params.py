@@ -1,0 +1,81 @@
+"""Canonical weight dicts <-> modules. The canonical names are the modules' attribute paths.
+
+One exception, Flax's: an ``nnx.Linear`` calls its matrix ``kernel``, not ``weight``.
+It is stored [in, out] like ours, so the canonical ``...w_1.weight`` is simply read
+from and written to ``...w_1.kernel``; no transpose (torch's [out, in] needs one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from transformer_spec import Config, load_params, param_schema
+from transformer_spec.checks import check_dtype_request, check_params, check_params_dtype
+
+from .model import MODEL_CLASSES
+
+
+def _parent(module: Any, name: str) -> tuple[Any, str]:
+    """'encoder.layers.0.ffn.w_1.weight' -> (the w_1 nnx.Linear, 'kernel')."""
+    *path, leaf = name.split(".")
+    for part in path:
+        module = module[int(part)] if part.isdigit() else getattr(module, part)  # nnx.List takes an index
+    if module is None:  # e.g. the tied generator's missing projection
+        raise AttributeError(name)
+    if isinstance(module, nnx.Linear) and leaf == "weight":
+        leaf = "kernel"  # Flax's name for the [in, out] matrix
+    return module, leaf
+
+
+def _check_x64(dtype: str) -> None:
+    # Without 64-bit mode JAX has no float64: jnp.asarray(x, "float64") warns and returns
+    # float32, so a float64 model would silently be a float32 one.
+    if dtype == "float64" and not jax.config.jax_enable_x64:
+        raise TypeError(
+            "float64 weights need JAX's 64-bit mode: call jax.config.update('jax_enable_x64', True) at "
+            "start-up, before any JAX array is created (without it JAX silently truncates float64 to "
+            "float32), or pass dtype='float32'"
+        )
+
+
+def from_params(module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:
+    """Build ``module_class(config)`` and load the canonical ``params`` into it."""
+    schema = param_schema(config, module_class.schema)
+    check_params({k: tuple(np.shape(v)) for k, v in params.items()}, schema, what=f"{module_class.__name__}'s config")
+    found = check_params_dtype({k: str(np.asarray(v).dtype) for k, v in params.items()})
+    dtype = dtype or found
+    check_dtype_request(dtype)
+    _check_x64(dtype)
+    module = module_class(config, dtype)
+    for name in schema:
+        parent, leaf = _parent(module, name)
+        # jnp.array copies (the module owns its weights) onto the default device. An
+        # nnx.Param is replaced through ``param[...] = array`` (``.value =`` is deprecated).
+        getattr(parent, leaf)[...] = jnp.array(params[name], dtype=dtype)
+    return module
+
+
+def to_params(module: Any) -> dict[str, np.ndarray]:
+    """The module's weights under their canonical names, as NumPy arrays (copied off the device)."""
+    params = {}
+    for name in param_schema(module.config, module.schema):
+        parent, leaf = _parent(module, name)
+        params[name] = np.array(getattr(parent, leaf)[...])
+    return params
+
+
+def build_model(config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:
+    """The model class that ``config.kind`` names, loaded with ``params``."""
+    return from_params(MODEL_CLASSES[config.kind], config, params, dtype)
+
+
+def load_model(path: str, dtype: str | None = None) -> Any:
+    """A model from a safetensors file written by ``transformer_spec.save_params``."""
+    params, config = load_params(path)
+    return build_model(config, params, dtype)
