@@ -90,13 +90,17 @@ class Transformer(nnx.Module):
         self.generator = Generator(config, dtype, self.tgt_embed)
 
     def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
-        """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights. Eager (not jitted)."""
+        """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights.
+
+        Eager when called directly; inside ``__call__`` it is part of the compiled forward pass."""
         if src_mask is None:
             src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
         return self.encoder(self.src_embed(src_ids), src_mask, need_weights, need_hidden_states)
 
     def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
-        """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights. Eager (not jitted)."""
+        """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights.
+
+        (Like ``encode``: eager when called directly, compiled when ``__call__`` calls it.)"""
         if tgt_mask is None:
             tgt_mask = make_decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
         return self.decoder(self.tgt_embed(tgt_ids), memory, tgt_mask, memory_mask, need_weights, need_hidden_states)

@@ -12,6 +12,8 @@ import pytest
 
 from transformer_cli.backends import NAMES, get_backend
 
+from . import tolerances
+
 if importlib.util.find_spec("jax") is not None:
     import jax
 
@@ -45,3 +47,20 @@ def backend(backend_name):
 def reference():
     """The NumPy backend, run in float64: every other result is held to it."""
     return get_backend("numpy")
+
+
+@pytest.fixture(autouse=True)
+def _record_backend(request):
+    """Tell the tolerance table which backend the current test holds to the reference."""
+    params = getattr(request.node, "callspec", None)
+    tolerances.current_backend["name"] = params.params.get("backend_name", "-") if params else "-"
+    tolerances.current_backend["test"] = request.node.name
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not tolerances.WORST:
+        return
+    terminalreporter.section("worst measured difference / max |reference|, per backend and dtype")
+    for (backend, dtype), (error, where) in sorted(tolerances.WORST.items()):
+        tol = tolerances.TOLERANCE[dtype]
+        terminalreporter.write_line(f"{backend:<6} {dtype:<8} {error:.2e} (tolerance {tol:.0e})  at {where}")
