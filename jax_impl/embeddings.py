@@ -48,7 +48,9 @@ class Embeddings(nnx.Module):
 
     def __init__(self, config: Config, dtype: str = "float32", vocab_size: int | None = None):
         self.config = config
-        self.vocab_size = vocab_size or (config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size)
+        if vocab_size is None:
+            vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
+        self.vocab_size = vocab_size
         self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
         # Assigned once, not "None, then maybe a module" as in NumPy: Flax NNX marks an
         # attribute first set to None as static and refuses to store a module in it later.
@@ -64,7 +66,7 @@ class Embeddings(nnx.Module):
         self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
 
     def __call__(self, ids: jax.Array, token_type_ids: jax.Array | None = None, offset: int = 0) -> jax.Array:
-        check_token_ids("ids", ids, self.vocab_size, self.config.max_len - offset)
+        check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
         x = self.token(ids)  # (B, T, d_model)
         if self.position is not None:
             x = x + self.position(ids.shape[1], offset)[None]  # + (1, T, d_model)

@@ -15,9 +15,9 @@ from .layers import Linear
 
 
 def relu(x: jax.Array) -> jax.Array:
-    # Same values as ``jax.nn.relu``; the gradient at exactly 0 differs: JAX splits a tie
-    # of ``jnp.maximum`` evenly (0.5), ``jax.nn.relu`` (like torch) defines it as 0.
-    return jnp.maximum(x, 0.0)  # (...)
+    # Not ``jnp.maximum(x, 0.0)``: JAX splits the gradient of a tie evenly, 0.5 at
+    # exactly 0, where ``jax.nn.relu`` and torch define it as 0 (as this ``where`` does).
+    return jnp.where(x > 0, x, 0.0)  # (...)
 
 
 def gelu(x: jax.Array) -> jax.Array:

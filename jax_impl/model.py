@@ -37,26 +37,23 @@ from .validate import check_mask, check_token_ids
 class Generator(nnx.Module):
     """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
     target embedding table, transposed (paper, section 3.4), and has no weights of its own.
-
-    (``self.tgt_embed`` is the model's own ``Embeddings`` object: NNX keeps it shared,
-    one table in ``nnx.state``, not a copy.)
+    The model passes that table in on each call rather than the generator keeping a second
+    reference to it: a model handed to ``jax.jit`` is flattened as a pytree, where a shared
+    submodule would appear as two separate arrays.
     """
 
-    def __init__(self, config: Config, dtype: str, tgt_embed: Embeddings):
-        self.tgt_embed = tgt_embed
+    def __init__(self, config: Config, dtype: str = "float32"):
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, embedding: jax.Array) -> jax.Array:
         if self.proj is None:
-            weight = self.tgt_embed.token.weight[...]  # (V, d_model)
-            return jnp.matmul(x, weight.T, precision=jax.lax.Precision.HIGHEST)  # (B, T, d_model) @ (d_model, V)
+            return jnp.matmul(x, embedding.T, precision=jax.lax.Precision.HIGHEST)  # (B, T, d_model) @ (d_model, V)
         return self.proj(x)  # (B, T, V)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "method", "return_attentions", "return_hidden_states"))
+@functools.partial(jax.jit, static_argnames=("method", "return_attentions", "return_hidden_states"))
 def _jit_forward(
-    graphdef: nnx.GraphDef,
-    state: nnx.State,
+    model: nnx.Module,
     method: str,
     inputs: tuple,
     return_attentions: bool,
@@ -64,14 +61,13 @@ def _jit_forward(
 ) -> dict[str, Any]:
     """``getattr(model, method)(*inputs, ...)`` as one compiled XLA program.
 
-    A pure function of arrays, so plain ``jax.jit`` applies: ``nnx.split`` turned the
-    model into ``graphdef`` (its structure and Python attributes: hashable, static, part
-    of the cache key) and ``state`` (its arrays: traced inputs). ``inputs`` is a tuple
-    of arrays and Nones (a pytree; None is an empty pytree node, so "no mask" and "a
-    mask" compile separately). ``nnx.jit(model)`` would do the split itself but costs
-    about 1 ms of Python per call; this costs tens of microseconds once compiled.
+    Flax NNX modules are JAX pytrees: their arrays (parameters and buffers) are the
+    leaves, traced; everything else (the config, the activation function, the layer
+    structure) is static and part of the cache key. ``inputs`` is a tuple of arrays and
+    Nones (None is an empty pytree node, so "no mask" and "a mask" compile separately).
+    Plain ``jax.jit`` flattens the module in about a millisecond per call; ``nnx.jit``
+    or an explicit ``nnx.split``/``nnx.merge`` walk the module graph and cost ~10x that.
     """
-    model = nnx.merge(graphdef, state)
     return getattr(model, method)(*inputs, return_attentions, return_hidden_states)
 
 
@@ -87,7 +83,7 @@ class Transformer(nnx.Module):
         self.encoder = Encoder(config, dtype)
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
-        self.generator = Generator(config, dtype, self.tgt_embed)
+        self.generator = Generator(config, dtype)
 
     def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights.
@@ -130,9 +126,8 @@ class Transformer(nnx.Module):
         memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
         check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
         check_mask("mask", memory_mask, (b_tgt, heads, t_tgt, t_src))
-        graphdef, state = nnx.split(self)
         inputs = (src_ids, tgt_ids, src_mask, tgt_mask, memory_mask)
-        return ModelOutput(**_jit_forward(graphdef, state, "_forward", inputs, return_attentions, return_hidden_states))
+        return ModelOutput(**_jit_forward(self, "_forward", inputs, return_attentions, return_hidden_states))
 
     def forward(
         self,
@@ -163,7 +158,7 @@ class Transformer(nnx.Module):
             tgt_ids, memory, tgt_mask, memory_mask, return_attentions, return_hidden_states
         )  # (B, T_tgt, d_model), ...
         return {
-            "logits": self.generator(x),  # (B, T_tgt, tgt_vocab)
+            "logits": self.generator(x, self.tgt_embed.token.weight[...]),  # (B, T_tgt, tgt_vocab)
             "last_hidden_state": x,
             "hidden_states": hidden,
             "attentions": self_attentions,
@@ -184,7 +179,7 @@ class TransformerLM(nnx.Module):
         self.config = config
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
-        self.generator = Generator(config, dtype, self.tgt_embed)
+        self.generator = Generator(config, dtype)
 
     def __call__(
         self,
@@ -198,9 +193,8 @@ class TransformerLM(nnx.Module):
         check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
         batch, seq_len = ids.shape
         check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
-        graphdef, state = nnx.split(self)
         inputs = (ids, mask)
-        return ModelOutput(**_jit_forward(graphdef, state, "_forward", inputs, return_attentions, return_hidden_states))
+        return ModelOutput(**_jit_forward(self, "_forward", inputs, return_attentions, return_hidden_states))
 
     def forward(
         self,
@@ -220,7 +214,12 @@ class TransformerLM(nnx.Module):
         x, hidden, attentions, _ = self.decoder(
             self.tgt_embed(ids), None, mask, None, return_attentions, return_hidden_states
         )  # (B, T, d_model), ...
-        return {"logits": self.generator(x), "last_hidden_state": x, "hidden_states": hidden, "attentions": attentions}
+        return {
+            "logits": self.generator(x, self.tgt_embed.token.weight[...]),
+            "last_hidden_state": x,
+            "hidden_states": hidden,
+            "attentions": attentions,
+        }
 
 
 class TransformerEncoderModel(nnx.Module):
@@ -253,9 +252,8 @@ class TransformerEncoderModel(nnx.Module):
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
         batch, seq_len = ids.shape
         check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
-        graphdef, state = nnx.split(self)
         inputs = (ids, token_type_ids, mask)
-        return ModelOutput(**_jit_forward(graphdef, state, "_forward", inputs, return_attentions, return_hidden_states))
+        return ModelOutput(**_jit_forward(self, "_forward", inputs, return_attentions, return_hidden_states))
 
     def forward(
         self,

@@ -6,6 +6,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from transformer_spec import Config
@@ -26,20 +27,18 @@ def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> jax.
     Written so that an odd d_model works: there are ceil(d/2) sine columns but only
     floor(d/2) cosine columns (``pe[:, 1::2] = cos`` with ceil(d/2) frequencies fails).
 
-    JAX differences: arrays are immutable, so the columns are written with
-    ``.at[...].set(...)`` (which returns a new array). And JAX has float64 only when
-    ``jax_enable_x64`` is on; without it the table is computed in float32, whose
-    rounding of the angle (up to pos * 2^-24 rad) leaves entries up to ~4e-6 off
-    NumPy's float64-computed table at max_len=64, ~3e-5 at max_len=512.
+    JAX difference: JAX has float64 only when ``jax_enable_x64`` is on. Computed in
+    float32, the rounding of the angle (up to pos * 2^-24 rad) would leave entries ~4e-6
+    off at max_len=64 and ~3e-5 at 512, so the table, a constant, is computed on the
+    host with NumPy in float64 (as the other backends do) and only then handed to JAX.
     """
-    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32  # the widest float JAX has now
-    position = jnp.arange(max_len, dtype=wide)[:, None]  # (max_len, 1)
-    two_i = jnp.arange(0, d_model, 2, dtype=wide)  # (ceil(d/2),)
-    angle = position * jnp.exp(-math.log(10000.0) * two_i / d_model)  # (max_len, ceil(d/2))
-    pe = jnp.zeros((max_len, d_model), dtype=wide)  # (max_len, d_model)
-    pe = pe.at[:, 0::2].set(jnp.sin(angle))  # (max_len, d_model)
-    pe = pe.at[:, 1::2].set(jnp.cos(angle[:, : d_model // 2]))  # (max_len, d_model)
-    return pe.astype(dtype)  # (max_len, d_model)
+    position = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(d/2),)
+    angle = position * np.exp(-math.log(10000.0) * two_i / d_model)  # (max_len, ceil(d/2))
+    pe = np.zeros((max_len, d_model), dtype=np.float64)  # (max_len, d_model)
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle[:, : d_model // 2])
+    return jnp.asarray(pe, dtype=dtype)  # (max_len, d_model)
 
 
 class SinusoidalPositionalEncoding(nnx.Module):

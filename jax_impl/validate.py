@@ -16,8 +16,10 @@ import numpy as np
 from transformer_spec import checks
 
 
-def check_token_ids(name: str, ids: jax.Array, vocab_size: int, max_len: int | None) -> None:
-    checks.check_token_ids(name, ids.shape, str(ids.dtype), jnp.issubdtype(ids.dtype, jnp.integer), vocab_size, max_len)
+def check_token_ids(name: str, ids: jax.Array, vocab_size: int, max_len: int | None, offset: int = 0) -> None:
+    checks.check_token_ids(
+        name, ids.shape, str(ids.dtype), jnp.issubdtype(ids.dtype, jnp.integer), vocab_size, max_len, offset
+    )
     if isinstance(ids, jax.core.Tracer):
         # Inside jit/grad/vmap the values are abstract: nothing to look at. (The token
         # lookup fills out-of-range ids with NaN, so a bad id that gets this far is loud.)

@@ -36,7 +36,9 @@ class Embeddings:
 
     def __init__(self, config: Config, dtype: str = "float32", vocab_size: int | None = None):
         self.config = config
-        self.vocab_size = vocab_size or (config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size)
+        if vocab_size is None:
+            vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
+        self.vocab_size = vocab_size
         self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
         self.position = None  # positional == "none": a bag of words (permutation-equivariant)
         if config.positional == "sinusoidal":
@@ -49,7 +51,7 @@ class Embeddings:
         self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
 
     def __call__(self, ids: np.ndarray, token_type_ids: np.ndarray | None = None, offset: int = 0) -> np.ndarray:
-        check_token_ids("ids", ids, self.vocab_size, self.config.max_len - offset)
+        check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
         x = self.token(ids)  # (B, T, d_model)
         if self.position is not None:
             x = x + self.position(ids.shape[1], offset)[None]  # + (1, T, d_model)

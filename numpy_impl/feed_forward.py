@@ -13,7 +13,7 @@ from .layers import Linear
 
 
 def relu(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0.0)
+    return np.where(x > 0, x, 0.0)  # (written so that its gradient at exactly 0 is 0, as torch's)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:

@@ -17,15 +17,16 @@ from .validate import check_token_ids
 
 class Generator:
     """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
-    target embedding table, transposed (paper, section 3.4), and has no weights of its own."""
+    target embedding table, transposed (paper, section 3.4), and has no weights of its own.
+    The model passes that table in on each call rather than the generator keeping a second
+    reference to it (which JAX would see as two separate arrays)."""
 
-    def __init__(self, config: Config, dtype: str, tgt_embed: Embeddings):
-        self.tgt_embed = tgt_embed
+    def __init__(self, config: Config, dtype: str = "float32"):
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, embedding: np.ndarray) -> np.ndarray:
         if self.proj is None:
-            return x @ self.tgt_embed.token.weight.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
+            return x @ embedding.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
         return self.proj(x)  # (B, T, V)
 
 
@@ -41,7 +42,7 @@ class Transformer:
         self.encoder = Encoder(config, dtype)
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
-        self.generator = Generator(config, dtype, self.tgt_embed)
+        self.generator = Generator(config, dtype)
 
     def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
@@ -78,7 +79,7 @@ class Transformer:
             tgt_ids, memory, tgt_mask, memory_mask, return_attentions, return_hidden_states
         )
         return ModelOutput(
-            logits=self.generator(x),  # (B, T_tgt, tgt_vocab)
+            logits=self.generator(x, self.tgt_embed.token.weight),  # (B, T_tgt, tgt_vocab)
             last_hidden_state=x,
             hidden_states=hidden,
             attentions=self_attentions,
@@ -99,7 +100,7 @@ class TransformerLM:
         self.config = config
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
-        self.generator = Generator(config, dtype, self.tgt_embed)
+        self.generator = Generator(config, dtype)
 
     def __call__(
         self,
@@ -114,7 +115,12 @@ class TransformerLM:
         x, hidden, attentions, _ = self.decoder(
             self.tgt_embed(ids), None, mask, None, return_attentions, return_hidden_states
         )
-        return ModelOutput(logits=self.generator(x), last_hidden_state=x, hidden_states=hidden, attentions=attentions)
+        return ModelOutput(
+            logits=self.generator(x, self.tgt_embed.token.weight),
+            last_hidden_state=x,
+            hidden_states=hidden,
+            attentions=attentions,
+        )
 
 
 class TransformerEncoderModel:

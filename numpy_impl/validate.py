@@ -7,8 +7,10 @@ import numpy as np
 from transformer_spec import checks
 
 
-def check_token_ids(name: str, ids: np.ndarray, vocab_size: int, max_len: int | None) -> None:
-    checks.check_token_ids(name, ids.shape, str(ids.dtype), np.issubdtype(ids.dtype, np.integer), vocab_size, max_len)
+def check_token_ids(name: str, ids: np.ndarray, vocab_size: int, max_len: int | None, offset: int = 0) -> None:
+    checks.check_token_ids(
+        name, ids.shape, str(ids.dtype), np.issubdtype(ids.dtype, np.integer), vocab_size, max_len, offset
+    )
     # NumPy would raise on ids >= vocab_size but silently wrap negative ids around.
     bad = np.unique(ids[(ids < 0) | (ids >= vocab_size)])
     checks.check_token_id_range(name, bad.tolist(), vocab_size)

@@ -79,8 +79,14 @@ def model_inputs(config: Config, shape: tuple[int, int, int, bool]) -> tuple[np.
 
 
 OUTPUT_FIELDS = (
-    "logits", "last_hidden_state", "hidden_states", "attentions", "cross_attentions",
-    "encoder_last_hidden_state", "encoder_hidden_states", "encoder_attentions",
+    "logits",
+    "last_hidden_state",
+    "hidden_states",
+    "attentions",
+    "cross_attentions",
+    "encoder_last_hidden_state",
+    "encoder_hidden_states",
+    "encoder_attentions",
 )
 
 

@@ -71,14 +71,20 @@ def test_layer_norm_uses_biased_variance_and_eps_inside_the_sqrt(reference, dtyp
 
 @pytest.mark.parametrize("config", variant_params())
 def test_feed_forward_matches_reference(backend, reference, dtype, config):
-    got, want = run_component(backend, reference, "PositionwiseFeedForward", config, dtype, hidden(3, 11, config.d_model))
+    got, want = run_component(
+        backend, reference, "PositionwiseFeedForward", config, dtype, hidden(3, 11, config.d_model)
+    )
     assert_close(got, want, dtype, "feed-forward")
 
 
 @pytest.mark.parametrize("t_q,t_k", [(11, 11), (7, 11), (1, 5), (4, 1)])
 def test_scaled_dot_product_attention_matches_reference(backend, reference, dtype, t_q, t_k):
     rng = np.random.default_rng(0)
-    q, k, v = rng.standard_normal((3, 2, t_q, 5)), rng.standard_normal((3, 2, t_k, 5)), rng.standard_normal((3, 2, t_k, 4))
+    q, k, v = (
+        rng.standard_normal((3, 2, t_q, 5)),
+        rng.standard_normal((3, 2, t_k, 5)),
+        rng.standard_normal((3, 2, t_k, 4)),
+    )
     mask = rng.random((3, 1, t_q, t_k)) < 0.7
     mask[:, :, :, 0] = True  # every row keeps at least one key here (empty rows have their own test)
     f = backend.impl.scaled_dot_product_attention
@@ -101,8 +107,13 @@ def test_multi_head_attention_matches_reference(backend, reference, dtype, confi
     assert_close(got[1], want[1], dtype, "per-head weights")
 
 
-@pytest.mark.parametrize("config", [pytest.param(VARIANTS["post-relu-sinusoidal"], id="bias"),
-                                    pytest.param(VARIANTS["post-gelu_tanh-nobias"], id="nobias")])
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(VARIANTS["post-relu-sinusoidal"], id="bias"),
+        pytest.param(VARIANTS["post-gelu_tanh-nobias"], id="nobias"),
+    ],
+)
 def test_a_loop_of_separate_heads_equals_the_fused_layer(backend, dtype, config):
     """The seeds' list of AttentionHead modules, given slices of the fused weights, is the same function."""
     params = init_params(config, seed=5, dtype=dtype, component="attention", nonzero_biases=True)
@@ -167,8 +178,17 @@ def test_encoder_and_decoder_stacks_match_reference(backend, reference, dtype, c
     for g, w in zip(got[1] + got[2] + (got[0],), want[1] + want[2] + (want[0],), strict=True):
         assert_close(g, w, dtype, "encoder stack")
     got, want = run_component(
-        backend, reference, "Decoder", config, dtype, hidden(3, 7, config.d_model, seed=1), memory,
-        reference.impl.make_decoder_mask(tgt, 0), src_mask, True, True,
+        backend,
+        reference,
+        "Decoder",
+        config,
+        dtype,
+        hidden(3, 7, config.d_model, seed=1),
+        memory,
+        reference.impl.make_decoder_mask(tgt, 0),
+        src_mask,
+        True,
+        True,
     )
     for g, w in zip(got[1] + got[2] + got[3] + (got[0],), want[1] + want[2] + want[3] + (want[0],), strict=True):
         assert_close(g, w, dtype, "decoder stack")

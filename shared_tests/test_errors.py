@@ -36,73 +36,115 @@ CASES = {
     # name: (bad call, expected exception, words the message must contain)
     "ids-float": (lambda b: b.call(_lm(b), np.ones((2, 3))), TypeError, ["integer token ids", "float64"]),
     "ids-too-large": (
-        lambda b: b.call(_lm(b), np.array([[1, 2, 53, 60]])), ValueError, ["[0, 53)", "[53, 60]"],
+        lambda b: b.call(_lm(b), np.array([[1, 2, 53, 60]])),
+        ValueError,
+        ["[0, 53)", "[53, 60]"],
     ),
     "ids-negative": (lambda b: b.call(_lm(b), np.array([[1, -1, 2]])), ValueError, ["[0, 53)", "[-1]"]),
     "ids-1d": (lambda b: b.call(_lm(b), np.array([1, 2, 3])), ValueError, ["(batch, seq_len)", "(3)"]),
     "ids-too-long": (
-        lambda b: b.call(_lm(b), np.ones((1, 65), np.int64)), ValueError, ["length 65", "max_len is 64"],
+        lambda b: b.call(_lm(b), np.ones((1, 65), np.int64)),
+        ValueError,
+        ["length 65", "max_len is 64"],
+    ),
+    "ids-past-max_len-at-offset": (
+        lambda b: b.call(
+            b.build("Embeddings", TINY, init_params(TINY, dtype="float64", component="embeddings")),
+            np.ones((1, 10), np.int64),
+            None,
+            60,
+        ),
+        ValueError,
+        ["length 10 starting at position 60", "max_len is 64"],
     ),
     "token-types-without-type-vocab": (
         lambda b: b.call(_lm(b, as_kind(TINY, "encoder_only")), np.ones((1, 3), np.int64), np.zeros((1, 3), np.int64)),
-        ValueError, ["type_vocab_size=0"],
+        ValueError,
+        ["type_vocab_size=0"],
     ),
     "token-types-out-of-range": (
-        lambda b: b.call(_lm(b, BERT), np.ones((1, 3), np.int64), np.array([[0, 1, 2]])), ValueError, ["[0, 2)", "[2]"],
+        lambda b: b.call(_lm(b, BERT), np.ones((1, 3), np.int64), np.array([[0, 1, 2]])),
+        ValueError,
+        ["[0, 2)", "[2]"],
     ),
     "token-types-wrong-shape": (
         lambda b: b.call(_lm(b, BERT), np.ones((1, 3), np.int64), np.zeros((1, 4), np.int64)),
-        ValueError, ["token_type_ids", "(1, 3)", "(1, 4)"],
+        ValueError,
+        ["token_type_ids", "(1, 3)", "(1, 4)"],
     ),
     "mask-2d": (
         lambda b: b.call(_lm(b), np.ones((2, 4), np.int64), np.ones((2, 4), bool)),
-        ValueError, ["(B, H, T_q, T_k) = (2, 3, 4, 4)", "got shape (2, 4)"],
+        ValueError,
+        ["(B, H, T_q, T_k) = (2, 3, 4, 4)", "got shape (2, 4)"],
     ),
     "mask-wrong-length": (
-        lambda b: b.call(_attention(b), hidden(2, 3, 36), hidden(2, 5, 36), hidden(2, 5, 36), np.ones((2, 1, 1, 3), bool)),
-        ValueError, ["(2, 3, 3, 5)", "got shape (2, 1, 1, 3)"],
+        lambda b: b.call(
+            _attention(b), hidden(2, 3, 36), hidden(2, 5, 36), hidden(2, 5, 36), np.ones((2, 1, 1, 3), bool)
+        ),
+        ValueError,
+        ["(2, 3, 3, 5)", "got shape (2, 1, 1, 3)"],
     ),
     "mask-float": (
         lambda b: b.call(_lm(b), np.ones((2, 4), np.int64), np.ones((2, 1, 4, 4))),
-        TypeError, ["boolean mask", "float64"],
+        TypeError,
+        ["boolean mask", "float64"],
     ),
-    "qkv-d_k-mismatch": (lambda b: _sdpa(b, (2, 3, 4), (2, 5, 6), (2, 5, 6)), ValueError, ["q (2, 3, 4)", "k (2, 5, 6)"]),
+    "qkv-d_k-mismatch": (
+        lambda b: _sdpa(b, (2, 3, 4), (2, 5, 6), (2, 5, 6)),
+        ValueError,
+        ["q (2, 3, 4)", "k (2, 5, 6)"],
+    ),
     "qkv-length-mismatch": (lambda b: _sdpa(b, (2, 3, 4), (2, 5, 4), (2, 6, 4)), ValueError, ["v (2, 6, 4)"]),
     "query-wrong-d_model": (
         lambda b: b.call(_attention(b), hidden(2, 3, 35), hidden(2, 5, 36), hidden(2, 5, 36)),
-        ValueError, ["d_model=36", "query (2, 3, 35)"],
+        ValueError,
+        ["d_model=36", "query (2, 3, 35)"],
     ),
     "memory-batch-mismatch": (
         lambda b: b.call(
             b.build("DecoderLayer", TINY, init_params(TINY, dtype="float64", component="decoder_layer")),
-            hidden(2, 3, 36), hidden(3, 5, 36),
+            hidden(2, 3, 36),
+            hidden(3, 5, 36),
         ),
-        ValueError, ["same batch size", "(3, 5, 36)", "(2, 3, 36)"],
+        ValueError,
+        ["same batch size", "(3, 5, 36)", "(2, 3, 36)"],
     ),
     "memory-missing": (
         lambda b: b.call(
-            b.build("DecoderLayer", TINY, init_params(TINY, dtype="float64", component="decoder_layer")), hidden(2, 3, 36)
+            b.build("DecoderLayer", TINY, init_params(TINY, dtype="float64", component="decoder_layer")),
+            hidden(2, 3, 36),
         ),
-        ValueError, ["needs memory"],
+        ValueError,
+        ["needs memory"],
     ),
     "weights-missing-key": (
-        lambda b: b.impl.build_model(LM, {k: v for k, v in init_params(LM).items() if k != "decoder.layers.1.ffn_norm.weight"}),
-        WeightsError, ["missing keys ['decoder.layers.1.ffn_norm.weight']"],
+        lambda b: b.impl.build_model(
+            LM, {k: v for k, v in init_params(LM).items() if k != "decoder.layers.1.ffn_norm.weight"}
+        ),
+        WeightsError,
+        ["missing keys ['decoder.layers.1.ffn_norm.weight']"],
     ),
     "weights-unexpected-key": (
-        lambda b: b.impl.build_model(LM, init_params(LM) | {"decoder.layers.9.ffn.w_1.weight": np.zeros((36, 37), "float32")}),
-        WeightsError, ["unexpected keys ['decoder.layers.9.ffn.w_1.weight']"],
+        lambda b: b.impl.build_model(
+            LM, init_params(LM) | {"decoder.layers.9.ffn.w_1.weight": np.zeros((36, 37), "float32")}
+        ),
+        WeightsError,
+        ["unexpected keys ['decoder.layers.9.ffn.w_1.weight']"],
     ),
     "weights-wrong-shape": (
         lambda b: b.impl.build_model(LM, init_params(LM) | {"generator.proj.weight": np.zeros((53, 36), "float32")}),
-        WeightsError, ["generator.proj.weight: expected (36, 53), got (53, 36)"],
+        WeightsError,
+        ["generator.proj.weight: expected (36, 53), got (53, 36)"],
     ),
     "weights-mixed-dtypes": (
         lambda b: b.impl.build_model(LM, init_params(LM) | {"decoder.layers.1.ffn_norm.weight": np.ones(36)}),
-        WeightsError, ["must all be float32 or all float64", "float64': ['decoder.layers.1.ffn_norm.weight"],
+        WeightsError,
+        ["must all be float32 or all float64", "float64': ['decoder.layers.1.ffn_norm.weight"],
     ),
     "weights-wrong-model-kind": (
-        lambda b: b.impl.Transformer(LM), ValueError, ["kind='encoder_decoder'", "kind='decoder_only'"],
+        lambda b: b.impl.Transformer(LM),
+        ValueError,
+        ["kind='encoder_decoder'", "kind='decoder_only'"],
     ),
 }
 

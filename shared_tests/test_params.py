@@ -59,7 +59,9 @@ def test_tied_output_uses_the_target_embedding_table(backend):
 def test_weights_saved_from_one_backend_load_into_another_with_the_same_outputs(backend, reference, tmp_path):
     config = VARIANTS["pre-gelu-learned"]
     path = tmp_path / "model.safetensors"
-    save_params(path, backend.impl.to_params(backend.impl.build_model(config, init_params(config, dtype="float64"))), config)
+    save_params(
+        path, backend.impl.to_params(backend.impl.build_model(config, init_params(config, dtype="float64"))), config
+    )
     params, stored = load_params(path)
     assert stored == config
     inputs = model_inputs(config, (3, 11, 7, True))

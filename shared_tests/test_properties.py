@@ -17,7 +17,9 @@ def build(backend, config, seed=7):
     return backend.impl.build_model(config, init_params(config, seed=seed, dtype=DTYPE, nonzero_biases=True))
 
 
-@pytest.mark.parametrize("config", [pytest.param(VARIANTS[n], id=n) for n in ("post-relu-sinusoidal", "pre-gelu-learned")])
+@pytest.mark.parametrize(
+    "config", [pytest.param(VARIANTS[n], id=n) for n in ("post-relu-sinusoidal", "pre-gelu-learned")]
+)
 def test_future_tokens_do_not_change_past_decoder_outputs(backend, config):
     lm = build(backend, as_kind(config, "decoder_only"))
     ids = token_ids(47, 2, 9, pad=False)  # valid for both vocabularies (53 and 47)

@@ -41,7 +41,9 @@ class Embeddings(nn.Module):
     def __init__(self, config: Config, dtype: str = "float32", vocab_size: int | None = None):
         super().__init__()
         self.config = config
-        self.vocab_size = vocab_size or (config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size)
+        if vocab_size is None:
+            vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
+        self.vocab_size = vocab_size
         self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
         self.position = None  # positional == "none": a bag of words (permutation-equivariant)
         if config.positional == "sinusoidal":
@@ -54,7 +56,7 @@ class Embeddings(nn.Module):
         self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
 
     def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
-        check_token_ids("ids", ids, self.vocab_size, self.config.max_len - offset)
+        check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
         x = self.token(ids)  # (B, T, d_model)
         if self.position is not None:
             x = x + self.position(ids.shape[1], offset)[None]  # + (1, T, d_model)

@@ -18,16 +18,17 @@ from .validate import check_token_ids
 
 class Generator(nn.Module):
     """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
-    target embedding table, transposed (paper, section 3.4), and has no weights of its own."""
+    target embedding table, transposed (paper, section 3.4), and has no weights of its own.
+    The model passes that table in on each call rather than the generator keeping a second
+    reference to it (which JAX would see as two separate arrays)."""
 
-    def __init__(self, config: Config, dtype: str, tgt_embed: Embeddings):
+    def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
-        self.tgt_embed = [tgt_embed]  # a list hides it from nn.Module: it is registered once, as the model's
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
         if self.proj is None:
-            return x @ self.tgt_embed[0].token.weight.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
+            return x @ embedding.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
         return self.proj(x)  # (B, T, V)
 
 
@@ -44,7 +45,7 @@ class Transformer(nn.Module):
         self.encoder = Encoder(config, dtype)
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
-        self.generator = Generator(config, dtype, self.tgt_embed)
+        self.generator = Generator(config, dtype)
 
     def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
@@ -81,7 +82,7 @@ class Transformer(nn.Module):
             tgt_ids, memory, tgt_mask, memory_mask, return_attentions, return_hidden_states
         )
         return ModelOutput(
-            logits=self.generator(x),  # (B, T_tgt, tgt_vocab)
+            logits=self.generator(x, self.tgt_embed.token.weight),  # (B, T_tgt, tgt_vocab)
             last_hidden_state=x,
             hidden_states=hidden,
             attentions=self_attentions,
@@ -103,7 +104,7 @@ class TransformerLM(nn.Module):
         self.config = config
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
-        self.generator = Generator(config, dtype, self.tgt_embed)
+        self.generator = Generator(config, dtype)
 
     def forward(
         self,
@@ -118,7 +119,12 @@ class TransformerLM(nn.Module):
         x, hidden, attentions, _ = self.decoder(
             self.tgt_embed(ids), None, mask, None, return_attentions, return_hidden_states
         )
-        return ModelOutput(logits=self.generator(x), last_hidden_state=x, hidden_states=hidden, attentions=attentions)
+        return ModelOutput(
+            logits=self.generator(x, self.tgt_embed.token.weight),
+            last_hidden_state=x,
+            hidden_states=hidden,
+            attentions=attentions,
+        )
 
 
 class TransformerEncoderModel(nn.Module):

@@ -30,9 +30,7 @@ def _to_torch_layout(parent: Any, leaf: str, value: np.ndarray) -> np.ndarray:
     return value.T if isinstance(parent, nn.Linear) and leaf == "weight" else value
 
 
-def from_params(
-    module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None = None
-) -> nn.Module:
+def from_params(module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None = None) -> nn.Module:
     """Build ``module_class(config)`` and load the canonical ``params`` into it (eval mode)."""
     schema = param_schema(config, module_class.schema)
     check_params({k: tuple(np.shape(v)) for k, v in params.items()}, schema, what=f"{module_class.__name__}'s config")
@@ -67,6 +65,3 @@ def load_model(path: str, dtype: str | None = None) -> nn.Module:
     """A model from a safetensors file written by ``transformer_spec.save_params``."""
     params, config = load_params(path)
     return build_model(config, params, dtype)
-
-
-

@@ -11,9 +11,9 @@ def _dtype(x: torch.Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int, max_len: int | None) -> None:
+def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int, max_len: int | None, offset: int = 0) -> None:
     is_integer = not ids.dtype.is_floating_point and not ids.dtype.is_complex and ids.dtype != torch.bool
-    checks.check_token_ids(name, ids.shape, _dtype(ids), is_integer, vocab_size, max_len)
+    checks.check_token_ids(name, ids.shape, _dtype(ids), is_integer, vocab_size, max_len, offset)
     # torch raises on out-of-range ids too, but with an index error that names no id.
     bad = ids[(ids < 0) | (ids >= vocab_size)]
     checks.check_token_id_range(name, torch.unique(bad).tolist() if bad.numel() else [], vocab_size)

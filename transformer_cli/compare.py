@@ -19,8 +19,12 @@ from .backends import NAMES, available_backends, get_backend
 
 
 def add_parser(commands) -> None:
-    parser = commands.add_parser("compare", help=__doc__.splitlines()[0], description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = commands.add_parser(
+        "compare",
+        help=__doc__.splitlines()[0],
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size (default: tiny)")
     parser.add_argument("--weights", help="a safetensors file from transformer_spec.save_params (overrides --preset)")
     parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
@@ -41,7 +45,7 @@ def make_inputs(config: Config, batch: int, src_len: int, tgt_len: int, seed: in
         x = rng.integers(0, vocab - 1, size=(batch, length))
         x = x + (x >= config.pad_id)  # skip pad_id
         for row in range(1, batch):
-            x[row, max(1, length - 2 * row):] = config.pad_id
+            x[row, max(1, length - 2 * row) :] = config.pad_id
         return x
 
     if config.kind == "encoder_decoder":
@@ -68,9 +72,11 @@ def run(args: argparse.Namespace) -> int:
     backends = [get_backend(b) for b in wanted if b in installed]
 
     field = "logits" if config.uses_decoder else "last_hidden_state"
-    print(f"model: {args.weights or args.preset} ({config.kind}, d_model {config.d_model}, {config.num_heads} heads, "
-          f"d_ff {config.d_ff}, layers {config.num_encoder_layers}+{config.num_decoder_layers}, "
-          f"{'pre' if config.norm_first else 'post'}-norm, {config.activation}, {config.positional} positions)")
+    print(
+        f"model: {args.weights or args.preset} ({config.kind}, d_model {config.d_model}, {config.num_heads} heads, "
+        f"d_ff {config.d_ff}, layers {config.num_encoder_layers}+{config.num_decoder_layers}, "
+        f"{'pre' if config.norm_first else 'post'}-norm, {config.activation}, {config.positional} positions)"
+    )
     shapes = ", ".join(f"{tuple(x.shape)}" for x in inputs)
     print(f"input ids: {shapes}, pad_id {config.pad_id}, seed {args.seed}")
     if missing:

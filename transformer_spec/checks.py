@@ -25,18 +25,25 @@ def _shape(shape: Sequence[int]) -> str:
 
 
 def check_token_ids(
-    name: str, shape: Sequence[int], dtype: str, is_integer: bool, vocab_size: int, max_len: int | None
+    name: str,
+    shape: Sequence[int],
+    dtype: str,
+    is_integer: bool,
+    vocab_size: int,
+    max_len: int | None,
+    offset: int = 0,
 ) -> None:
-    """ids must be an integer (B, T) array with T <= max_len."""
+    """ids must be an integer (B, T) array whose positions offset .. offset + T - 1 are < max_len."""
     if not is_integer:
         raise TypeError(f"{name} must be integer token ids, got dtype {dtype}")
     if len(shape) != 2:
         raise ValueError(f"{name} must have shape (batch, seq_len), got shape {_shape(shape)}")
     if shape[1] == 0:
         raise ValueError(f"{name} must hold at least one token, got shape {_shape(shape)}")
-    if max_len is not None and shape[1] > max_len:
+    if max_len is not None and offset + shape[1] > max_len:
+        start = f" starting at position {offset}" if offset else ""
         raise ValueError(
-            f"{name} has sequence length {shape[1]} but the model's max_len is {max_len} "
+            f"{name} has sequence length {shape[1]}{start} but the model's max_len is {max_len} "
             f"(the positional table has {max_len} rows)"
         )
 
@@ -48,9 +55,7 @@ def check_token_id_range(name: str, bad_ids: Sequence[int], vocab_size: int) -> 
         raise ValueError(f"{name} must lie in [0, {vocab_size}) (the vocabulary size), but contains {shown}")
 
 
-def check_mask(
-    name: str, shape: Sequence[int] | None, dtype: str, is_bool: bool, expected: Sequence[int]
-) -> None:
+def check_mask(name: str, shape: Sequence[int] | None, dtype: str, is_bool: bool, expected: Sequence[int]) -> None:
     """A mask is boolean (True = may attend) with as many dims as the scores ``expected``
     (B, H, T_q, T_k), each of size 1 or equal to the scores'.
 
@@ -68,18 +73,10 @@ def check_mask(
         raise ValueError(f"{name} must be {want}, got shape {_shape(shape)}")
 
 
-def check_attention_inputs(
-    q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int]
-) -> None:
+def check_attention_inputs(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int]) -> None:
     """q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v), same leading dims."""
     q, k, v = tuple(q_shape), tuple(k_shape), tuple(v_shape)
-    ok = (
-        len(q) >= 2
-        and len(q) == len(k) == len(v)
-        and q[:-2] == k[:-2] == v[:-2]
-        and q[-1] == k[-1]
-        and k[-2] == v[-2]
-    )
+    ok = len(q) >= 2 and len(q) == len(k) == len(v) and q[:-2] == k[:-2] == v[:-2] and q[-1] == k[-1] and k[-2] == v[-2]
     if not ok:
         raise ValueError(
             "expected q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v) with the same leading "
@@ -93,10 +90,7 @@ def check_attention_projections(
     """Multi-head attention inputs: query (B, T_q, d_model), key and value (B, T_k, d_model)."""
     q, k, v = tuple(q_shape), tuple(k_shape), tuple(v_shape)
     ok = (
-        len(q) == len(k) == len(v) == 3
-        and q[-1] == k[-1] == v[-1] == d_model
-        and q[0] == k[0] == v[0]
-        and k[1] == v[1]
+        len(q) == len(k) == len(v) == 3 and q[-1] == k[-1] == v[-1] == d_model and q[0] == k[0] == v[0] and k[1] == v[1]
     )
     if not ok:
         raise ValueError(
@@ -114,8 +108,7 @@ def check_hidden(name: str, shape: Sequence[int], d_model: int) -> None:
 def check_same_batch(names: tuple[str, str], shapes: tuple[Sequence[int], Sequence[int]]) -> None:
     if shapes[0][0] != shapes[1][0]:
         raise ValueError(
-            f"{names[0]} and {names[1]} must have the same batch size, "
-            f"got {_shape(shapes[0])} and {_shape(shapes[1])}"
+            f"{names[0]} and {names[1]} must have the same batch size, got {_shape(shapes[0])} and {_shape(shapes[1])}"
         )
 
 

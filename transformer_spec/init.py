@@ -49,4 +49,3 @@ def init_params(
             value = rng.uniform(-limit, limit, shape)
         params[name] = np.ascontiguousarray(value, dtype=dtype)
     return params
-
