@@ -222,6 +222,18 @@ class TransformerLM(nnx.Module):
         }
 
 
+class Pooler(nnx.Module):
+    """BERT's pooler: tanh(h_first @ W + b), the first ([CLS]) token's final vector through a
+    dense layer. Trained on next-sentence prediction; sentence embeddings usually mean-pool
+    ``last_hidden_state`` instead."""
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.proj = Linear(config.d_model, config.d_model, config.bias, dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
+
+
 class TransformerEncoderModel(nnx.Module):
     """Encoder-only (BERT-style): ids (+ token types) -> contextual vectors."""
 
@@ -232,6 +244,7 @@ class TransformerEncoderModel(nnx.Module):
         self.config = config
         self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
         self.encoder = Encoder(config, dtype)
+        self.pooler = Pooler(config, dtype) if config.pooler else None
 
     def __call__(
         self,
@@ -274,7 +287,8 @@ class TransformerEncoderModel(nnx.Module):
         x, hidden, attentions = self.encoder(
             self.src_embed(ids, token_type_ids), mask, return_attentions, return_hidden_states
         )  # (B, T, d_model), ...
-        return {"last_hidden_state": x, "hidden_states": hidden, "attentions": attentions}
+        pooled = self.pooler(x) if self.pooler is not None else None  # (B, d_model)
+        return {"last_hidden_state": x, "hidden_states": hidden, "attentions": attentions, "pooler_output": pooled}
 
 
 MODEL_CLASSES = {

@@ -16,7 +16,7 @@ from .feed_forward import ACTIVATIONS, PositionwiseFeedForward, gelu, gelu_tanh,
 from .layer_norm import LayerNorm
 from .layers import Linear
 from .masks import make_causal_mask, make_cross_attention_mask, make_decoder_mask, make_padding_mask
-from .model import MODEL_CLASSES, Generator, Transformer, TransformerEncoderModel, TransformerLM
+from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM
 from .params import build_model, from_params, load_model, to_params
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
 from .sublayer import sublayer_connection
@@ -40,6 +40,7 @@ __all__ = [
     "ModelOutput",
     "MultiHeadAttention",
     "MultiHeadAttentionLoop",
+    "Pooler",
     "PositionwiseFeedForward",
     "SinusoidalPositionalEncoding",
     "TokenEmbedding",

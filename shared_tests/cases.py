@@ -63,7 +63,7 @@ def as_kind(config: Config, kind: str) -> Config:
     if kind == "decoder_only":
         return config.replace(kind=kind, num_encoder_layers=0, tgt_vocab_size=config.src_vocab_size)
     if kind == "encoder_only":
-        return config.replace(kind=kind, num_decoder_layers=0, tie_output=False, decoder_final_norm=False)
+        return config.replace(kind=kind, num_decoder_layers=0, tie_output=False, decoder_final_norm=False, pooler=True)
     return config
 
 
@@ -87,6 +87,7 @@ OUTPUT_FIELDS = (
     "encoder_last_hidden_state",
     "encoder_hidden_states",
     "encoder_attentions",
+    "pooler_output",
 )
 
 

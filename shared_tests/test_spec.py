@@ -62,7 +62,7 @@ def test_config_survives_json():
 def test_bert_base_schema_has_bert_base_parameter_count():
     schema = param_schema(Config.preset("bert-base"))
     total = sum(int(np.prod(s)) for s in schema.values())
-    assert total == 108_891_648  # BertModel without its pooler (768 * 768 + 768 = 590,592 more with it)
+    assert total == 109_482_240  # transformers.BertModel(bert-base-uncased), pooler included
 
 
 def test_init_is_seeded_and_layers_get_different_weights():

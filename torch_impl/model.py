@@ -127,6 +127,19 @@ class TransformerLM(nn.Module):
         )
 
 
+class Pooler(nn.Module):
+    """BERT's pooler: tanh(h_first @ W + b), the first ([CLS]) token's final vector through a
+    dense layer. Trained on next-sentence prediction; sentence embeddings usually mean-pool
+    ``last_hidden_state`` instead."""
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        self.proj = Linear(config.d_model, config.d_model, config.bias, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
+
+
 class TransformerEncoderModel(nn.Module):
     """Encoder-only (BERT-style): ids (+ token types) -> contextual vectors."""
 
@@ -138,6 +151,7 @@ class TransformerEncoderModel(nn.Module):
         self.config = config
         self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
         self.encoder = Encoder(config, dtype)
+        self.pooler = Pooler(config, dtype) if config.pooler else None
 
     def forward(
         self,
@@ -153,7 +167,8 @@ class TransformerEncoderModel(nn.Module):
         x, hidden, attentions = self.encoder(
             self.src_embed(ids, token_type_ids), mask, return_attentions, return_hidden_states
         )
-        return ModelOutput(last_hidden_state=x, hidden_states=hidden, attentions=attentions)
+        pooled = self.pooler(x) if self.pooler is not None else None  # (B, d_model)
+        return ModelOutput(last_hidden_state=x, hidden_states=hidden, attentions=attentions, pooler_output=pooled)
 
 
 MODEL_CLASSES = {

@@ -56,6 +56,7 @@ class Config:
     scale_embeddings: bool = True
     type_vocab_size: int = 0
     embedding_norm: bool = False
+    pooler: bool = False
     pad_id: int = 0
 
     def __post_init__(self) -> None:
@@ -85,6 +86,8 @@ class Config:
             _id_in_vocab("pad_id", self.pad_id, "tgt_vocab_size", self.tgt_vocab_size)
         if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be a positive number, got {self.layer_norm_eps!r}")
+        if self.pooler and self.kind != "encoder_only":
+            raise ValueError(f"pooler=True needs kind='encoder_only' (BERT's pooler), got kind={self.kind!r}")
         if self.tie_output and not self.uses_decoder:
             raise ValueError(f"tie_output=True needs a decoder, but kind is {self.kind!r}")
 
@@ -203,6 +206,7 @@ PRESETS: dict[str, Config] = {
         scale_embeddings=False,
         type_vocab_size=2,
         embedding_norm=True,
+        pooler=True,
     ),
     # "Attention Is All You Need", Table 3, base model.
     "base": Config(),
@@ -222,5 +226,6 @@ PRESETS: dict[str, Config] = {
         scale_embeddings=False,
         type_vocab_size=2,
         embedding_norm=True,
+        pooler=True,
     ),
 }

@@ -17,6 +17,8 @@ class ModelOutput:
     cross_attentions:     decoder-over-encoder weights, (B, H, T_tgt, T_src) per layer.
     encoder_last_hidden_state, encoder_hidden_states, encoder_attentions:
                           the encoder's, for the encoder-decoder model (its memory first).
+    pooler_output:        (B, d_model), BERT's tanh(W h_first + b), for encoder-only models
+                          with ``config.pooler``.
     """
 
     logits: Any = None
@@ -27,3 +29,4 @@ class ModelOutput:
     encoder_last_hidden_state: Any = None
     encoder_hidden_states: tuple = ()
     encoder_attentions: tuple = ()
+    pooler_output: Any = None

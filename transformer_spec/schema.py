@@ -123,6 +123,8 @@ def model_schema(config: Config, prefix: str = "") -> Schema:
     if config.uses_encoder:
         schema |= embeddings_schema(config, _join(prefix, "src_embed"), config.src_vocab_size)
         schema |= encoder_schema(config, _join(prefix, "encoder"))
+        if config.pooler:
+            schema |= linear_schema(_join(prefix, "pooler.proj"), config.d_model, config.d_model, config.bias)
     if config.uses_decoder:
         schema |= embeddings_schema(config, _join(prefix, "tgt_embed"), config.tgt_vocab_size)
         schema |= decoder_schema(config, _join(prefix, "decoder"))
