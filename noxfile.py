@@ -9,7 +9,7 @@ import nox
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "parity"]
+nox.options.sessions = ["lint", "parity", "oracles"]
 
 TORCH_PIN = "torch==2.13.0"  # also pinned in pyproject.toml; repeated here so pip never resolves another
 
@@ -43,6 +43,22 @@ def parity(session):
     """All three backends installed, the whole suite, then the main command."""
     _suite(session, "all,test", [])
     session.run("transformer-ref", "compare")
+
+
+ORACLE_TESTS = ["shared_tests/test_oracle_torch_modules.py", "shared_tests/test_oracle_bert.py",
+                "shared_tests/test_oracle_flax.py"]  # fmt: skip
+
+
+@nox.session
+def oracles(session):
+    """All three backends against code nobody here wrote: torch.nn.Transformer, Flax's
+    nnx.MultiHeadAttention, transformers.BertModel and sentence-transformers on the real
+    all-MiniLM-L6-v2 weights (offline), and the WordPiece tokenizer against tokenizers."""
+    session.install("-e", ".[all,oracles,test]", TORCH_PIN)
+    session.env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    session.run("pytest", *ORACLE_TESTS, *session.posargs)
+    session.run("transformer-ref", "compare", "--text", "time flies like an arrow", "--repeat", "2")
+    session.run("transformer-ref", "embed", "time flies like an arrow", "fruit flies like a banana", "--backend", "jax")
 
 
 @nox.session

