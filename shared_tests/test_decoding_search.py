@@ -1,0 +1,73 @@
+"""The search algorithms of transformer_spec.decoding, on a stepper with known probabilities."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from transformer_spec.decoding import beam_search, greedy_decode, log_softmax
+
+BOS, EOS, VOCAB = 1, 2, 6
+
+
+class MarkovStepper:
+    """Next-token logits depend on (source row, previous token, position) through a fixed table."""
+
+    def __init__(self, seed: int = 0):
+        self.table = np.random.default_rng(seed).standard_normal((3, VOCAB, 8, VOCAB)) * 2.0
+        self.table[..., 0] = -1e9  # never the pad id
+        self.table[..., BOS] = -1e9  # never <bos> again
+
+    def start(self, src_ids):
+        return src_ids[:, 0].copy()  # the state: which source each running sequence belongs to
+
+    def step(self, state, tokens, position):
+        return self.table[state, tokens, position], state
+
+    def reorder(self, state, rows):
+        return state[rows]
+
+
+def sequence_log_prob(stepper, source: int, hypothesis: list[int]) -> float:
+    total = 0.0
+    for position, (previous, token) in enumerate(itertools.pairwise(hypothesis)):
+        total += log_softmax(stepper.table[source, previous, position])[token]
+    return total
+
+
+def brute_force_best(stepper, source: int, max_len: int, length_penalty: float) -> tuple[float, list[int]]:
+    best = (-np.inf, [])
+    for length in range(1, max_len + 1):
+        for body in itertools.product(range(3, VOCAB), repeat=length - 1):
+            hypothesis = [BOS, *body, EOS]
+            score = sequence_log_prob(stepper, source, hypothesis) / length**length_penalty
+            best = max(best, (score, hypothesis), key=lambda item: item[0])
+    return best
+
+
+def test_a_wide_beam_finds_the_most_probable_finished_sequence():
+    stepper, src = MarkovStepper(), np.array([[0], [1], [2]])
+    result = beam_search(stepper, src, BOS, EOS, max_len=4, beam_size=(VOCAB - 3) ** 3 + 1, length_penalty=1.0)
+    for row in range(3):
+        score, hypothesis = brute_force_best(stepper, row, 4, 1.0)
+        assert result.ids[row, : len(hypothesis)].tolist() == hypothesis
+        assert abs(result.scores[row] - score) < 1e-12
+
+
+def test_beam_size_one_is_greedy():
+    stepper, src = MarkovStepper(seed=3), np.array([[0], [1], [2]])
+    greedy = greedy_decode(stepper, src, BOS, EOS, max_len=6)
+    beam = beam_search(stepper, src, BOS, EOS, max_len=6, beam_size=1).ids
+    for row in range(3):
+        g = greedy[row].tolist()
+        g = g[: g.index(EOS) + 1] if EOS in g else g
+        assert beam[row, : len(g)].tolist() == g
+
+
+def test_greedy_pads_rows_after_their_eos():
+    stepper = MarkovStepper(seed=1)
+    out = greedy_decode(stepper, np.array([[0], [1]]), BOS, EOS, max_len=7)
+    for row in out.tolist():
+        if EOS in row:
+            assert all(t == 0 for t in row[row.index(EOS) + 1 :])

@@ -1,0 +1,128 @@
+"""Greedy and beam search, written once for every backend.
+
+A backend supplies a *stepper* (``make_stepper`` in its ``generate.py``): an object with
+
+    start(src_ids)                     -> state      encode the source once, empty cache
+    step(state, tokens, position)      -> (logits, state)
+        tokens (N,) int64: the newest token of each of N running sequences, at ``position``;
+        logits (N, V) as NumPy: the scores of the next token. With a key/value cache the
+        step feeds one token per sequence; without one it re-runs the whole prefix.
+    reorder(state, rows)               -> state      keep/reorder running sequences (beams)
+
+All the search logic (argmax, top-k over beams, finished hypotheses, length penalty)
+is NumPy here, so the three backends cannot differ in it: only the logits they return.
+For a decoder-only model ``src_ids`` are the prompt ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Stepper(Protocol):
+    def start(self, src_ids: np.ndarray) -> Any: ...
+
+    def step(self, state: Any, tokens: np.ndarray, position: int) -> tuple[np.ndarray, Any]: ...
+
+    def reorder(self, state: Any, rows: np.ndarray) -> Any: ...
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def greedy_decode(stepper: Stepper, src_ids: np.ndarray, bos: int, eos: int, max_len: int, pad: int = 0) -> np.ndarray:
+    """-> (B, T <= max_len + 1) ids starting with <bos>; after <eos> a row is padded."""
+    batch = src_ids.shape[0]
+    state = stepper.start(src_ids)
+    out = np.full((batch, 1), bos, np.int64)
+    done = np.zeros(batch, bool)
+    for position in range(max_len):
+        logits, state = stepper.step(state, out[:, -1], position)  # (B, V)
+        next_ids = np.where(done, pad, logits.argmax(axis=-1))  # (B,)
+        out = np.concatenate([out, next_ids[:, None]], axis=1)
+        done |= next_ids == eos
+        if done.all():
+            break
+    return out
+
+
+@dataclasses.dataclass
+class BeamResult:
+    ids: np.ndarray  # (B, T): the best hypothesis of each source, from <bos>, padded
+    scores: np.ndarray  # (B,): its total log-probability divided by length ** length_penalty
+
+
+def beam_search(
+    stepper: Stepper,
+    src_ids: np.ndarray,
+    bos: int,
+    eos: int,
+    max_len: int,
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+    pad: int = 0,
+) -> BeamResult:
+    """Keep the ``beam_size`` best partial hypotheses per source; a hypothesis that emits
+    <eos> is finished. Stop once every source has ``beam_size`` finished hypotheses, or at
+    ``max_len``. The answer is the finished (or, if none finished, running) hypothesis with
+    the best log-probability / (generated length ** length_penalty)."""
+    batch, k = src_ids.shape[0], beam_size
+    state = stepper.start(np.repeat(src_ids, k, axis=0))  # (B * k) running sequences
+    tokens = np.full((batch, k, 1), bos, np.int64)
+    scores = np.full((batch, k), -np.inf)
+    scores[:, 0] = 0.0  # all beams start identical: only the first may expand, or k copies would survive
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+    for position in range(max_len):
+        logits, state = stepper.step(state, tokens[:, :, -1].reshape(-1), position)  # (B * k, V)
+        vocab = logits.shape[-1]
+        candidates = scores[:, :, None] + log_softmax(logits.astype(np.float64)).reshape(batch, k, vocab)
+        flat = candidates.reshape(batch, k * vocab)  # (B, k * V)
+        best = np.argsort(-flat, axis=-1, kind="stable")[:, : 2 * k]  # 2k: room for k that do not end now
+        new_tokens, new_scores, new_rows = [], [], []
+        for b in range(batch):
+            keep_tokens, keep_scores, keep_rows = [], [], []
+            for rank, index in enumerate(best[b]):
+                beam, token = divmod(int(index), vocab)
+                score = float(flat[b, index])
+                if not np.isfinite(score):
+                    continue
+                hypothesis = tokens[b, beam].tolist() + [token]
+                if token == eos:
+                    if rank < k:  # an ending only counts if it is among the k best candidates now
+                        finished[b].append((score / _length(hypothesis) ** length_penalty, hypothesis))
+                elif len(keep_rows) < k:
+                    keep_tokens.append(hypothesis)
+                    keep_scores.append(score)
+                    keep_rows.append(b * k + beam)
+            while len(keep_rows) < k:  # fewer than k live continuations: pad with dead beams
+                keep_tokens.append(tokens[b, 0].tolist() + [pad])
+                keep_scores.append(-np.inf)
+                keep_rows.append(b * k)
+            new_tokens.append(keep_tokens)
+            new_scores.append(keep_scores)
+            new_rows.extend(keep_rows)
+        tokens = np.array(new_tokens, np.int64)  # (B, k, position + 2)
+        scores = np.array(new_scores)
+        state = stepper.reorder(state, np.array(new_rows))
+        if all(len(f) >= k for f in finished):  # every source has k finished hypotheses (HF's early_stopping)
+            break
+    results = []
+    for b in range(batch):
+        pool = finished[b] or [
+            (scores[b, i] / _length(tokens[b, i].tolist()) ** length_penalty, tokens[b, i].tolist()) for i in range(k)
+        ]
+        results.append(max(pool, key=lambda item: item[0]))
+    width = max(len(h) for _, h in results)
+    ids = np.full((batch, width), pad, np.int64)
+    for b, (_, hypothesis) in enumerate(results):
+        ids[b, : len(hypothesis)] = hypothesis
+    return BeamResult(ids=ids, scores=np.array([s for s, _ in results]))
+
+
+def _length(hypothesis: list[int]) -> int:
+    return len(hypothesis) - 1  # tokens generated, <bos> excluded
