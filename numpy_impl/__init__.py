@@ -1,4 +1,9 @@
-"""The Transformer in pure NumPy (float32 or float64): the reference the other backends are held to."""
+"""The Transformer in pure NumPy (float32 or float64): the reference the other backends are held to.
+
+NumPy has no autograd: every module also has a hand-written backward pass next to its
+forward (``forward_for_backward`` / ``backward``, see ``layers.py``), and ``loss_and_grads``
+chains them; torch_impl and jax_impl get the same gradients from their autograd.
+"""
 
 from transformer_spec import ModelOutput
 
@@ -15,11 +20,13 @@ from .encoder import Encoder, EncoderLayer
 from .feed_forward import ACTIVATIONS, PositionwiseFeedForward, gelu, gelu_tanh, relu
 from .layer_norm import LayerNorm
 from .layers import Linear
+from .loss import cross_entropy
 from .masks import make_causal_mask, make_cross_attention_mask, make_decoder_mask, make_padding_mask
 from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM
 from .params import build_model, from_params, load_model, to_params
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
 from .sublayer import sublayer_connection
+from .training import loss_and_grads
 
 BACKEND = "numpy"
 
@@ -48,10 +55,12 @@ __all__ = [
     "TransformerEncoderModel",
     "TransformerLM",
     "build_model",
+    "cross_entropy",
     "from_params",
     "gelu",
     "gelu_tanh",
     "load_model",
+    "loss_and_grads",
     "make_causal_mask",
     "make_cross_attention_mask",
     "make_decoder_mask",

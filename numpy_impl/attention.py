@@ -9,7 +9,7 @@ import numpy as np
 from transformer_spec import Config
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
 
-from .layers import Linear
+from .layers import Linear, with_prefix
 from .validate import check_mask
 
 
@@ -30,6 +30,17 @@ def masked_softmax(scores: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     return exp / np.where(total > 0, total, 1.0)  # empty rows: 0 / 1 = 0, not 0 / 0
 
 
+def masked_softmax_backward(weights: np.ndarray, grad_weights: np.ndarray) -> np.ndarray:
+    """Gradient with respect to the (unmasked) scores, from the softmax's output ``weights``.
+
+    For w = softmax(s) over a row: ds_j = w_j (dw_j - sum_i dw_i w_i). Masked keys have
+    w_j = 0 exactly, so they get 0 (their score was replaced by a constant -inf), and a
+    fully masked row (all w = 0, a constant output) gets 0 everywhere: never NaN.
+    """
+    inner = (grad_weights * weights).sum(axis=-1, keepdims=True)  # (..., T_q, 1)
+    return weights * (grad_weights - inner)  # (..., T_q, T_k)
+
+
 def scaled_dot_product_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -44,6 +55,26 @@ def scaled_dot_product_attention(
     check_mask("mask", mask, scores.shape)
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
     return weights @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+
+
+def scaled_dot_product_attention_backward(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.ndarray, grad_context: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """grad_context (..., T_q, d_v) -> grad_q (..., T_q, d_k), grad_k (..., T_k, d_k), grad_v (..., T_k, d_v).
+
+    ``weights`` is the forward's output (..., T_q, T_k): the mask is already in it (0 at
+    masked keys), so the backward needs no mask.
+    """
+    scale = math.sqrt(q.shape[-1])
+    # context = weights @ v
+    grad_weights = grad_context @ np.swapaxes(v, -1, -2)  # (..., T_q, d_v) @ (..., d_v, T_k) -> (..., T_q, T_k)
+    grad_v = np.swapaxes(weights, -1, -2) @ grad_context  # (..., T_k, T_q) @ (..., T_q, d_v) -> (..., T_k, d_v)
+    # weights = masked_softmax(scores)
+    grad_scores = masked_softmax_backward(weights, grad_weights)  # (..., T_q, T_k)
+    # scores = q @ k^T / sqrt(d_k)
+    grad_q = grad_scores @ k / scale  # (..., T_q, T_k) @ (..., T_k, d_k) -> (..., T_q, d_k)
+    grad_k = np.swapaxes(grad_scores, -1, -2) @ q / scale  # (..., T_k, T_q) @ (..., T_q, d_k) -> (..., T_k, d_k)
+    return grad_q, grad_k, grad_v
 
 
 class MultiHeadAttention:
@@ -78,13 +109,54 @@ class MultiHeadAttention:
         need_weights: bool = False,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
+        return self.forward_for_backward(query, key, value, mask, need_weights)[0]
+
+    def forward_for_backward(
+        self,
+        query: np.ndarray,
+        key: np.ndarray,
+        value: np.ndarray,
+        mask: np.ndarray | None = None,
+        need_weights: bool = False,
+    ) -> tuple[tuple[np.ndarray, np.ndarray | None], tuple]:
         check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
-        q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
-        k = self.split_heads(self.w_k(key))  # (B, H, T_k, d_k)
-        v = self.split_heads(self.w_v(value))  # (B, H, T_k, d_k)
+        q_proj, w_q_saved = self.w_q.forward_for_backward(query)  # (B, T_q, d_model)
+        k_proj, w_k_saved = self.w_k.forward_for_backward(key)  # (B, T_k, d_model)
+        v_proj, w_v_saved = self.w_v.forward_for_backward(value)  # (B, T_k, d_model)
+        q, k, v = self.split_heads(q_proj), self.split_heads(k_proj), self.split_heads(v_proj)  # (B, H, T, d_k)
         context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k), (B, H, T_q, T_k)
-        output = self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
-        return output, (weights if need_weights else None)
+        output, w_o_saved = self.w_o.forward_for_backward(self.merge_heads(context))  # (B, T_q, d_model)
+        saved = (w_q_saved, w_k_saved, w_v_saved, q, k, v, weights, w_o_saved)
+        return (output, (weights if need_weights else None)), saved
+
+    def backward(
+        self, saved: tuple, grad_output: np.ndarray
+    ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], dict[str, np.ndarray]]:
+        """grad_output (B, T_q, d_model) -> (grad_query, grad_key, grad_value), grads of w_q, w_k, w_v, w_o.
+
+        Only the output is differentiated: the returned attention weights are a read-out."""
+        w_q_saved, w_k_saved, w_v_saved, q, k, v, weights, w_o_saved = saved
+        grad_merged, w_o_grads = self.w_o.backward(w_o_saved, grad_output)  # (B, T_q, d_model)
+        # merge_heads only moves numbers around: its backward is its inverse, split_heads
+        grad_context = self.split_heads(grad_merged)  # (B, H, T_q, d_k)
+        grad_q, grad_k, grad_v = scaled_dot_product_attention_backward(q, k, v, weights, grad_context)
+        # and split_heads' backward is merge_heads
+        grad_query, w_q_grads = self.w_q.backward(w_q_saved, self.merge_heads(grad_q))  # (B, T_q, d_model)
+        grad_key, w_k_grads = self.w_k.backward(w_k_saved, self.merge_heads(grad_k))  # (B, T_k, d_model)
+        grad_value, w_v_grads = self.w_v.backward(w_v_saved, self.merge_heads(grad_v))  # (B, T_k, d_model)
+        grads = (
+            with_prefix("w_q", w_q_grads)
+            | with_prefix("w_k", w_k_grads)
+            | with_prefix("w_v", w_v_grads)
+            | with_prefix("w_o", w_o_grads)
+        )
+        return (grad_query, grad_key, grad_value), grads
+
+    def self_attention_backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[np.ndarray, dict]:
+        """``backward`` for self-attention, where one x was the query, the key and the value:
+        x's gradient is the sum of the three. -> grad_x (B, T, d_model), grads."""
+        (grad_query, grad_key, grad_value), grads = self.backward(saved, grad_output)
+        return grad_query + grad_key + grad_value, grads  # (B, T, d_model)
 
 
 class AttentionHead:

@@ -10,7 +10,8 @@ from transformer_spec.checks import check_hidden
 from .attention import MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
 from .layer_norm import LayerNorm
-from .sublayer import sublayer_connection
+from .layers import with_prefix
+from .sublayer import sublayer_connection_backward, sublayer_connection_for_backward, without_extra
 
 
 class EncoderLayer:
@@ -29,13 +30,41 @@ class EncoderLayer:
         self, x: np.ndarray, mask: np.ndarray | None = None, need_weights: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """x (B, T, d_model), mask (B|1, 1, T|1, T) -> (B, T, d_model), weights (B, H, T, T)."""
+        return self.forward_for_backward(x, mask, need_weights)[0]
+
+    def forward_for_backward(
+        self, x: np.ndarray, mask: np.ndarray | None = None, need_weights: bool = False
+    ) -> tuple[tuple[np.ndarray, np.ndarray | None], tuple]:
         check_hidden("x", x.shape, self.config.d_model)
         norm_first = self.config.norm_first
-        x, weights = sublayer_connection(
-            x, lambda h: self.self_attn(h, h, h, mask, need_weights), self.self_attn_norm, norm_first
+        (x, weights), self_attn_saved = sublayer_connection_for_backward(
+            x,
+            lambda h: self.self_attn.forward_for_backward(h, h, h, mask, need_weights),
+            self.self_attn_norm,
+            norm_first,
+        )  # (B, T, d_model)
+        (x, _), ffn_saved = sublayer_connection_for_backward(
+            x, without_extra(self.ffn.forward_for_backward), self.ffn_norm, norm_first
+        )  # (B, T, d_model)
+        return (x, weights), (self_attn_saved, ffn_saved)
+
+    def backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads; the sub-layers in reverse order."""
+        self_attn_saved, ffn_saved = saved
+        norm_first = self.config.norm_first
+        grad_x, ffn_norm_grads, ffn_grads = sublayer_connection_backward(
+            ffn_saved, grad_output, self.ffn.backward, self.ffn_norm, norm_first
+        )  # (B, T, d_model)
+        grad_x, self_attn_norm_grads, self_attn_grads = sublayer_connection_backward(
+            self_attn_saved, grad_x, self.self_attn.self_attention_backward, self.self_attn_norm, norm_first
+        )  # (B, T, d_model)
+        grads = (
+            with_prefix("self_attn", self_attn_grads)
+            | with_prefix("self_attn_norm", self_attn_norm_grads)
+            | with_prefix("ffn", ffn_grads)
+            | with_prefix("ffn_norm", ffn_norm_grads)
         )
-        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)
-        return x, weights
+        return grad_x, grads
 
 
 class Encoder:
@@ -56,11 +85,39 @@ class Encoder:
         need_hidden_states: bool = False,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """-> (output (B, T, d_model), hidden states (input + each layer's output), weights per layer)."""
-        hidden_states, attentions = [x], []
+        return self.forward_for_backward(x, mask, need_weights, need_hidden_states, save=False)[0]
+
+    def forward_for_backward(
+        self,
+        x: np.ndarray,
+        mask: np.ndarray | None = None,
+        need_weights: bool = False,
+        need_hidden_states: bool = False,
+        save: bool = True,
+    ) -> tuple[tuple[np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]], tuple]:
+        """``save=False`` (inference) lets each layer's saved activations go as soon as the
+        next layer runs, instead of keeping every layer's until the backward pass."""
+        hidden_states, attentions, layers_saved = [x], [], []
         for layer in self.layers:
-            x, weights = layer(x, mask, need_weights)
+            (x, weights), layer_saved = layer.forward_for_backward(x, mask, need_weights)  # (B, T, d_model)
             hidden_states.append(x)
             attentions.append(weights)
+            if save:
+                layers_saved.append(layer_saved)
+        norm_saved = None
         if self.norm is not None:
-            x = self.norm(x)
-        return x, (tuple(hidden_states) if need_hidden_states else ()), (tuple(attentions) if need_weights else ())
+            x, norm_saved = self.norm.forward_for_backward(x)  # (B, T, d_model)
+        result = x, (tuple(hidden_states) if need_hidden_states else ()), (tuple(attentions) if need_weights else ())
+        return result, (layers_saved, norm_saved)
+
+    def backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads of every layer and the final norm."""
+        layers_saved, norm_saved = saved
+        grads = {}
+        if self.norm is not None:
+            grad_output, norm_grads = self.norm.backward(norm_saved, grad_output)  # (B, T, d_model)
+            grads |= with_prefix("norm", norm_grads)
+        for i in reversed(range(len(self.layers))):  # last layer first
+            grad_output, layer_grads = self.layers[i].backward(layers_saved[i], grad_output)  # (B, T, d_model)
+            grads |= with_prefix(f"layers.{i}", layer_grads)
+        return grad_output, grads

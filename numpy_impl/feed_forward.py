@@ -9,11 +9,16 @@ from scipy.special import erf
 
 from transformer_spec import Config
 
-from .layers import Linear
+from .layers import Linear, with_prefix
 
 
 def relu(x: np.ndarray) -> np.ndarray:
     return np.where(x > 0, x, 0.0)  # (written so that its gradient at exactly 0 is 0, as torch's)
+
+
+def relu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
+    """d relu / dx = 1 where x > 0, else 0 (also at exactly 0, as torch)."""
+    return np.where(x > 0, grad_output, 0.0)  # (...,)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -21,12 +26,28 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
 
+def gelu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
+    """d/dx [x Phi(x)] = Phi(x) + x phi(x), with phi the standard normal density."""
+    cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))  # (...,) Phi(x)
+    pdf = np.exp(-0.5 * x**2) / math.sqrt(2.0 * math.pi)  # (...,) phi(x)
+    return grad_output * (cdf + x * pdf)  # (...,)
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact one."""
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
+def gelu_tanh_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
+    """With u = sqrt(2/pi) (x + 0.044715 x^3): d/dx [x (1 + tanh u) / 2]
+    = (1 + tanh u) / 2 + x (1 - tanh^2 u) / 2 * sqrt(2/pi) (1 + 3 * 0.044715 x^2)."""
+    tanh_u = np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))  # (...,)
+    du_dx = math.sqrt(2.0 / math.pi) * (1.0 + 3.0 * 0.044715 * x**2)  # (...,)
+    return grad_output * (0.5 * (1.0 + tanh_u) + 0.5 * x * (1.0 - tanh_u**2) * du_dx)  # (...,)
+
+
 ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}
+ACTIVATION_BACKWARDS = {"relu": relu_backward, "gelu": gelu_backward, "gelu_tanh": gelu_tanh_backward}
 
 
 class PositionwiseFeedForward:
@@ -39,6 +60,20 @@ class PositionwiseFeedForward:
         self.w_1 = Linear(config.d_model, config.d_ff, config.bias, dtype)
         self.w_2 = Linear(config.d_ff, config.d_model, config.bias, dtype)
         self.activation = ACTIVATIONS[config.activation]
+        self.activation_backward = ACTIVATION_BACKWARDS[config.activation]
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.w_2(self.activation(self.w_1(x)))  # (B, T, d_model) -> (B, T, d_ff) -> (B, T, d_model)
+        return self.forward_for_backward(x)[0]  # (B, T, d_model) -> (B, T, d_ff) -> (B, T, d_model)
+
+    def forward_for_backward(self, x: np.ndarray) -> tuple[np.ndarray, tuple]:
+        pre_activation, w_1_saved = self.w_1.forward_for_backward(x)  # (B, T, d_ff)
+        output, w_2_saved = self.w_2.forward_for_backward(self.activation(pre_activation))  # (B, T, d_model)
+        return output, (w_1_saved, pre_activation, w_2_saved)
+
+    def backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads of w_1 and w_2."""
+        w_1_saved, pre_activation, w_2_saved = saved
+        grad_hidden, w_2_grads = self.w_2.backward(w_2_saved, grad_output)  # (B, T, d_ff)
+        grad_pre_activation = self.activation_backward(pre_activation, grad_hidden)  # (B, T, d_ff)
+        grad_x, w_1_grads = self.w_1.backward(w_1_saved, grad_pre_activation)  # (B, T, d_model)
+        return grad_x, with_prefix("w_1", w_1_grads) | with_prefix("w_2", w_2_grads)

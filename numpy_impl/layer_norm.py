@@ -24,8 +24,30 @@ class LayerNorm:
         self.bias = np.zeros((config.d_model,), dtype) if config.bias else None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.forward_for_backward(x)[0]
+
+    def forward_for_backward(self, x: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
         mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (..., 1), biased
-        x_hat = (x - mean) / np.sqrt(var + self.eps)  # (..., d_model)
-        y = x_hat * self.weight
-        return y + self.bias if self.bias is not None else y
+        std = np.sqrt(var + self.eps)  # (..., 1)
+        x_hat = (x - mean) / std  # (..., d_model)
+        y = x_hat * self.weight  # (..., d_model)
+        return (y + self.bias if self.bias is not None else y), (x_hat, std)
+
+    def backward(
+        self, saved: tuple[np.ndarray, np.ndarray], grad_output: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """grad_output (..., d_model) -> grad_x (..., d_model), {"weight": (d_model,), "bias": (d_model,)}."""
+        x_hat, std = saved  # (..., d_model), (..., 1)
+        leading = tuple(range(grad_output.ndim - 1))  # the axes the per-feature weight is shared over
+        grads = {"weight": (grad_output * x_hat).sum(axis=leading)}  # (d_model,)
+        if self.bias is not None:
+            grads["bias"] = grad_output.sum(axis=leading)  # (d_model,)
+        grad_x_hat = grad_output * self.weight  # (..., d_model)
+        # x_hat = (x - mean) / std, where mean and std depend on every x of the row too.
+        # Differentiating through both (d mean/dx = 1/d, d var/dx = 2 (x - mean)/d) gives
+        # dx = (dx_hat - mean(dx_hat) - x_hat * mean(dx_hat * x_hat)) / std.
+        mean_grad = grad_x_hat.mean(axis=-1, keepdims=True)  # (..., 1): through the mean
+        mean_grad_x_hat = (grad_x_hat * x_hat).mean(axis=-1, keepdims=True)  # (..., 1): through the variance
+        grad_x = (grad_x_hat - mean_grad - x_hat * mean_grad_x_hat) / std  # (..., d_model)
+        return grad_x, grads

@@ -31,7 +31,14 @@ class SinusoidalPositionalEncoding:
         self.pe = sinusoidal_table(config.max_len, config.d_model, dtype)  # (max_len, d_model)
 
     def __call__(self, seq_len: int, offset: int = 0) -> np.ndarray:
-        return self.pe[offset : offset + seq_len]  # (T, d_model)
+        return self.forward_for_backward(seq_len, offset)[0]
+
+    def forward_for_backward(self, seq_len: int, offset: int = 0) -> tuple[np.ndarray, None]:
+        return self.pe[offset : offset + seq_len], None  # (T, d_model)
+
+    def backward(self, saved: None, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+        """A constant of the positions: no parameters, and integer positions have no gradient."""
+        return None, {}
 
 
 class LearnedPositionalEmbedding:
@@ -41,4 +48,14 @@ class LearnedPositionalEmbedding:
         self.weight = np.zeros((config.max_len, config.d_model), dtype)
 
     def __call__(self, seq_len: int, offset: int = 0) -> np.ndarray:
-        return self.weight[offset : offset + seq_len]  # (T, d_model)
+        return self.forward_for_backward(seq_len, offset)[0]
+
+    def forward_for_backward(self, seq_len: int, offset: int = 0) -> tuple[np.ndarray, tuple[int, int]]:
+        return self.weight[offset : offset + seq_len], (seq_len, offset)  # (T, d_model)
+
+    def backward(self, saved: tuple[int, int], grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+        """grad_output (T, d_model) -> {"weight": (max_len, d_model)}: the rows read get it, the others 0."""
+        seq_len, offset = saved
+        grad_weight = np.zeros_like(self.weight)  # (max_len, d_model)
+        grad_weight[offset : offset + seq_len] = grad_output  # (T, d_model): a slice passes gradient through
+        return None, {"weight": grad_weight}

@@ -22,8 +22,60 @@ def sublayer_connection(
     Pre-norm keeps an un-normalised residual path from input to output, which trains
     deep stacks without warm-up, but then the stack needs a final LayerNorm.
     """
+    result, _ = sublayer_connection_for_backward(x, lambda h: (sublayer(h), None), norm, norm_first)
+    return result
+
+
+def sublayer_connection_for_backward(
+    x: np.ndarray,
+    sublayer: Callable[[np.ndarray], tuple[tuple[np.ndarray, Any], Any]],
+    norm: LayerNorm,
+    norm_first: bool,
+) -> tuple[tuple[np.ndarray, Any], tuple]:
+    """``sublayer_connection`` that also keeps what its backward needs: -> ((output, extra), saved).
+
+    Here ``sublayer`` is a ``forward_for_backward``: ``sublayer(h)`` -> ((output, extra), its saved).
+    """
     if norm_first:
-        y, extra = sublayer(norm(x))
-        return x + y, extra
-    y, extra = sublayer(x)
-    return norm(x + y), extra
+        h, norm_saved = norm.forward_for_backward(x)  # (B, T, d_model)
+        (y, extra), sublayer_saved = sublayer(h)  # (B, T, d_model)
+        return (x + y, extra), (norm_saved, sublayer_saved)
+    (y, extra), sublayer_saved = sublayer(x)  # (B, T, d_model)
+    output, norm_saved = norm.forward_for_backward(x + y)  # (B, T, d_model)
+    return (output, extra), (norm_saved, sublayer_saved)
+
+
+def sublayer_connection_backward(
+    saved: tuple,
+    grad_output: np.ndarray,
+    sublayer_backward: Callable[[Any, np.ndarray], tuple[np.ndarray, Any]],
+    norm: LayerNorm,
+    norm_first: bool,
+) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
+    """grad_output (B, T, d_model) -> (grad_x (B, T, d_model), the norm's grads, the sublayer's rest).
+
+    ``sublayer_backward(sublayer_saved, grad_y)`` -> (grad_h, rest): the gradient with
+    respect to the sub-layer's input h, and whatever else it returns (its grads).
+    """
+    norm_saved, sublayer_saved = saved
+    if norm_first:
+        # output = x + sublayer(norm(x)): the residual hands grad_output to x unchanged,
+        # and the sub-layer path adds its own part
+        grad_h, rest = sublayer_backward(sublayer_saved, grad_output)  # (B, T, d_model)
+        grad_x_through_norm, norm_grads = norm.backward(norm_saved, grad_h)  # (B, T, d_model)
+        return grad_output + grad_x_through_norm, norm_grads, rest
+    # output = norm(x + sublayer(x)): first back through the norm to the sum
+    grad_sum, norm_grads = norm.backward(norm_saved, grad_output)  # (B, T, d_model)
+    grad_x_through_sublayer, rest = sublayer_backward(sublayer_saved, grad_sum)  # (B, T, d_model)
+    return grad_sum + grad_x_through_sublayer, norm_grads, rest
+
+
+def without_extra(forward_for_backward: Callable[[np.ndarray], tuple[np.ndarray, Any]]) -> Callable:
+    """Adapts a sub-layer without an extra output (the feed-forward network) to the
+    protocol above: h -> ((output, None), saved)."""
+
+    def sublayer(h: np.ndarray) -> tuple[tuple[np.ndarray, None], Any]:
+        output, saved = forward_for_backward(h)  # (B, T, d_model)
+        return (output, None), saved
+
+    return sublayer

@@ -59,6 +59,10 @@ def _record_backend(request):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if tolerances.GRADIENT_WORST:
+        terminalreporter.section("worst gradient error per backend (see GRADIENT_TOLERANCE)")
+        for (backend, check), (error, where) in sorted(tolerances.GRADIENT_WORST.items()):
+            terminalreporter.write_line(f"{backend:<6} {check:<20} {error:.2e}  at {where}")
     if not tolerances.WORST:
         return
     terminalreporter.section("worst measured difference / max |reference|, per backend, reference and dtype")

@@ -15,11 +15,13 @@ from .encoder import Encoder, EncoderLayer
 from .feed_forward import ACTIVATIONS, PositionwiseFeedForward, gelu, gelu_tanh, relu
 from .layer_norm import LayerNorm
 from .layers import Linear
+from .loss import cross_entropy
 from .masks import make_causal_mask, make_cross_attention_mask, make_decoder_mask, make_padding_mask
 from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM
 from .params import build_model, from_params, load_model, to_params
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
 from .sublayer import sublayer_connection
+from .training import loss_and_grads
 
 BACKEND = "torch"
 
@@ -48,10 +50,12 @@ __all__ = [
     "TransformerEncoderModel",
     "TransformerLM",
     "build_model",
+    "cross_entropy",
     "from_params",
     "gelu",
     "gelu_tanh",
     "load_model",
+    "loss_and_grads",
     "make_causal_mask",
     "make_cross_attention_mask",
     "make_decoder_mask",

@@ -165,3 +165,15 @@ def check_dtype_request(dtype: str) -> None:
 def check_model_kind(class_name: str, expected: str, kind: str) -> None:
     if kind != expected:
         raise ValueError(f"{class_name} needs a config with kind={expected!r}, got kind={kind!r}")
+
+
+def check_loss_inputs(logits_shape: Sequence[int], targets_shape: Sequence[int], label_smoothing: float) -> None:
+    """cross_entropy: logits (B, T, V), targets (B, T), 0 <= label_smoothing <= 1."""
+    if len(logits_shape) != 3 or tuple(logits_shape[:2]) != tuple(targets_shape):
+        raise ValueError(
+            f"cross_entropy needs logits (batch, seq_len, vocab) and targets (batch, seq_len), "
+            f"got logits {_shape(logits_shape)} and targets {_shape(targets_shape)}"
+        )
+    number = isinstance(label_smoothing, (int, float)) and not isinstance(label_smoothing, bool)
+    if not number or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")

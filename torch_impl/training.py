@@ -1,0 +1,46 @@
+"""The loss of a batch and its gradient with respect to every parameter, by ``torch.autograd``.
+
+numpy_impl computes the same numbers with a hand-written backward pass; jax_impl with
+``jax.grad``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from transformer_spec import param_schema
+from transformer_spec.batches import split_batch
+
+from .loss import cross_entropy
+from .params import _parent, _to_torch_layout
+
+
+def loss_and_grads(
+    model: nn.Module, batch: Mapping[str, Any], label_smoothing: float = 0.0
+) -> tuple[float, dict[str, np.ndarray]]:
+    """-> (the cross-entropy of ``batch``, {canonical parameter name: gradient as a NumPy array}).
+
+    ``batch``: see ``transformer_spec.batches`` ({"src_ids", "tgt_in", "tgt_out"} for the
+    encoder-decoder, {"ids", "targets"} for the decoder-only LM), NumPy arrays or tensors.
+    The gradients have the canonical names and [in, out] layout of ``param_schema``.
+    """
+    inputs, targets = split_batch(model.config, batch)
+    names = list(param_schema(model.config))
+    leaves = [_parent(model, name) for name in names]  # (module, attribute) per canonical name
+    parameters = [getattr(parent, leaf) for parent, leaf in leaves]
+    with torch.enable_grad():  # (the test adapter runs models under no_grad)
+        logits = model(*(torch.as_tensor(x) for x in inputs)).logits  # (B, T, V)
+        loss = cross_entropy(logits, torch.as_tensor(targets), model.config.pad_id, label_smoothing)  # ()
+        # autograd.grad, not loss.backward(): it returns the gradients and leaves every .grad alone.
+        # A tied table is one Parameter used twice; autograd adds both uses' gradients.
+        grads = torch.autograd.grad(loss, parameters)
+    # _to_torch_layout transposes nn.Linear's [out, in] back to the canonical [in, out]
+    return float(loss.detach()), {
+        name: np.array(_to_torch_layout(parent, leaf, grad.detach().cpu().numpy()))
+        for name, (parent, leaf), grad in zip(names, leaves, grads, strict=True)
+    }
