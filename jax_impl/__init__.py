@@ -18,14 +18,17 @@ from .layers import Linear
 from .loss import cross_entropy
 from .masks import make_causal_mask, make_cross_attention_mask, make_decoder_mask, make_padding_mask
 from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM
+from .optim import Adam
 from .params import build_model, from_params, load_model, to_params
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
 from .sublayer import sublayer_connection
+from .train import train, train_step
 from .training import loss_and_grads
 
 BACKEND = "jax"
 
 __all__ = [
+    "Adam",
     "ACTIVATIONS",
     "BACKEND",
     "MODEL_CLASSES",
@@ -66,4 +69,6 @@ __all__ = [
     "sinusoidal_table",
     "sublayer_connection",
     "to_params",
+    "train",
+    "train_step",
 ]

@@ -63,6 +63,10 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("worst gradient error per backend (see GRADIENT_TOLERANCE)")
         for (backend, check), (error, where) in sorted(tolerances.GRADIENT_WORST.items()):
             terminalreporter.write_line(f"{backend:<6} {check:<20} {error:.2e}  at {where}")
+    if tolerances.CURVE_WORST:
+        terminalreporter.section("float64 loss curves vs the NumPy reference: max relative difference per step")
+        for (backend, run), error in sorted(tolerances.CURVE_WORST.items()):
+            terminalreporter.write_line(f"{backend:<6} {run:<22} {error:.2e}")
     if not tolerances.WORST:
         return
     terminalreporter.section("worst measured difference / max |reference|, per backend, reference and dtype")

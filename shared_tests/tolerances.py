@@ -124,3 +124,12 @@ def assert_loss_and_gradients_match(got: tuple, want: tuple, what: str = "") -> 
         assert error <= tol, f"{what}: {name}: max |diff| / max(|grad|, floor) = {error:.3e} > {tol:.0e}"
         worst = max(worst, error)
     return worst
+
+
+# Worst relative loss-curve difference per (backend, run), from test_training.py.
+CURVE_WORST: dict[tuple[str, str], float] = {}
+
+
+def record_curve(run: str, error: float) -> None:
+    key = (current_backend["name"], run)
+    CURVE_WORST[key] = max(error, CURVE_WORST.get(key, 0.0))

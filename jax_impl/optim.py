@@ -1,0 +1,42 @@
+"""Adam: optax's ``optax.adam`` inside Flax's ``nnx.Optimizer``, its learning rate set each
+step from a schedule.
+
+optax computes ``p <- p - lr_t * m_hat / (sqrt(v_hat) + eps)``, numpy_impl's written-out
+update. ``inject_hyperparams`` keeps the learning rate in the optimizer state, so the
+Python schedule (transformer_spec.schedules) sets it before each jitted step; optax's own
+schedules would count steps from 0, ours from 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import optax
+from flax import nnx
+
+
+class Adam:
+    def __init__(
+        self,
+        model: nnx.Module,
+        schedule: Callable[[int], float],
+        betas: tuple[float, float] = (0.9, 0.98),
+        eps: float = 1e-9,
+    ):
+        self.model, self.schedule, self.betas, self.eps = model, schedule, betas, eps
+        transform = optax.inject_hyperparams(optax.adam)(learning_rate=schedule(1), b1=betas[0], b2=betas[1], eps=eps)
+        self.optimizer = nnx.Optimizer(model, transform, wrt=nnx.Param)
+        self.t = 0
+
+    def set_learning_rate(self) -> float:
+        """Advance to the next step and store its rate in the optimizer state; returns it."""
+        self.t += 1
+        lr = float(self.schedule(self.t))
+        self.optimizer.opt_state.hyperparams["learning_rate"][...] = lr
+        return lr
+
+    def step(self, grads: nnx.State) -> float:
+        """Apply ``grads`` (an nnx.State shaped like the model's Params); returns the learning rate used."""
+        lr = self.set_learning_rate()
+        self.optimizer.update(self.model, grads)
+        return lr

@@ -1,0 +1,62 @@
+"""Training: one step is loss, gradients (``nnx.value_and_grad``) and an Adam update, the
+three compiled together into one XLA program by ``nnx.jit``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer_spec.batches import split_batch
+
+from .loss import cross_entropy
+from .optim import Adam
+from .validate import check_token_ids
+
+
+@nnx.jit(static_argnames=("label_smoothing",))
+def _update(model, optimizer: nnx.Optimizer, inputs: tuple, targets: jax.Array, label_smoothing: float) -> jax.Array:
+    def loss_fn(model):
+        logits = model.forward(*inputs).logits  # (B, T, V), traced inside this jit
+        return cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)  # grads: an nnx.State shaped like the Params
+    optimizer.update(model, grads)  # the model's Params change in place (NNX writes the new values back)
+    return loss
+
+
+def train_step(model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing: float = 0.0) -> float:
+    """One update on ``batch`` (see transformer_spec.batches); returns the loss before it."""
+    inputs, targets = split_batch(model.config, batch)
+    inputs, targets = tuple(jnp.asarray(x) for x in inputs), jnp.asarray(targets)
+    # Inside jit the ids' values are unknown, so they are checked here, eagerly, as __call__ does.
+    vocabularies = [model.config.tgt_vocab_size] if len(inputs) == 1 else [model.config.src_vocab_size]
+    vocabularies += [model.config.tgt_vocab_size] * (len(inputs) - 1)
+    for i, (ids, vocab) in enumerate(zip(inputs, vocabularies, strict=True)):
+        check_token_ids(f"input {i}", ids, vocab, model.config.max_len)
+    check_token_ids("targets", targets, model.config.tgt_vocab_size, None)
+    optimizer.set_learning_rate()
+    return float(_update(model, optimizer.optimizer, inputs, targets, label_smoothing))
+
+
+def train(
+    model,
+    batches: Sequence[Mapping[str, Any]],
+    steps: int,
+    schedule: Callable[[int], float],
+    label_smoothing: float = 0.0,
+    callback: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """``steps`` updates cycling through ``batches`` in order; returns the loss of every step.
+
+    ``callback(step, loss)`` runs after each step (a progress bar, say)."""
+    optimizer = Adam(model, schedule)
+    losses = []
+    for step in range(1, steps + 1):
+        losses.append(train_step(model, optimizer, batches[(step - 1) % len(batches)], label_smoothing))
+        if callback is not None:
+            callback(step, losses[-1])
+    return losses

@@ -1,0 +1,37 @@
+"""Training: one step is loss, gradients (the hand-written backward), and an Adam update."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .optim import Adam
+from .training import loss_and_grads
+
+
+def train_step(model, optimizer: Adam, batch: Mapping[str, np.ndarray], label_smoothing: float = 0.0) -> float:
+    """One update on ``batch`` (see transformer_spec.batches); returns the loss before it."""
+    loss, grads = loss_and_grads(model, batch, label_smoothing)
+    optimizer.step(grads)
+    return loss
+
+
+def train(
+    model,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    steps: int,
+    schedule: Callable[[int], float],
+    label_smoothing: float = 0.0,
+    callback: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """``steps`` updates cycling through ``batches`` in order; returns the loss of every step.
+
+    ``callback(step, loss)`` runs after each step (a progress bar, say)."""
+    optimizer = Adam(model, schedule)
+    losses = []
+    for step in range(1, steps + 1):
+        losses.append(train_step(model, optimizer, batches[(step - 1) % len(batches)], label_smoothing))
+        if callback is not None:
+            callback(step, losses[-1])
+    return losses
