@@ -62,6 +62,14 @@ def oracles(session):
 
 
 @nox.session
+def bench(session):
+    """Ours against each framework's own modules, side by side (not in CI: minutes, and machine-dependent).
+    Writes bench/results/latest.{md,json} and seq_sweep.png; pass options after --, e.g. -- --quick."""
+    session.install("-e", ".[all,test]", TORCH_PIN, "matplotlib")
+    session.run("python", "-m", "bench.run", *session.posargs)
+
+
+@nox.session
 def lint(session):
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")

@@ -8,6 +8,7 @@ row uniform weights (it averages V over the padding) where we define zeros.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +66,30 @@ def scaled_dot_product_attention(
     return context, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 
+class KeyValueCache(NamedTuple):
+    """One attention layer's keys and values, already projected and split into heads, kept
+    between decoding steps so that a step projects only its new tokens. (A NamedTuple is a
+    pytree: a cache goes into and comes out of a jit-compiled step as ordinary arrays.)"""
+
+    k: jax.Array  # (B, H, T_cache, d_k)
+    v: jax.Array  # (B, H, T_cache, d_k)
+
+
+def append_to_cache(cached: jax.Array, new: jax.Array, position: int | jax.Array, axis: int) -> jax.Array:
+    """``cached`` holds positions 0 .. position - 1 along ``axis``; -> it with ``new`` after them.
+
+    JAX difference: NumPy and torch grow the array by concatenation, so its shape changes
+    every step, and ``jax.jit`` compiles once per shape: once per step. Here the cache is a
+    buffer of fixed size (``config.max_len`` positions, see ``empty_cache``) and a step
+    writes its entries at ``position``, which may be traced: one compiled step serves every
+    position. The price: each step attends over all max_len slots (the unwritten ones masked
+    out: the causal mask already hides every position after the query's), and the buffers
+    are allocated at full size up front. ``dynamic_update_slice`` clamps a start past the
+    end instead of raising, so the caller checks the position eagerly.
+    """
+    return jax.lax.dynamic_update_slice_in_dim(cached, new, position, axis=axis)  # same shape as cached
+
+
 class MultiHeadAttention(nnx.Module):
     """h heads in one set of matrices: project, split into heads, attend, merge, project."""
 
@@ -105,6 +130,36 @@ class MultiHeadAttention(nnx.Module):
         output = self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
         # Under jit, weights that are not returned are dead code and XLA drops them.
         return output, (weights if need_weights else None)
+
+    # ---------------------------------------------------------------- decoding with a cache
+    # ``__call__`` split in two: the keys and values (what a cache keeps), and the attention
+    # of new queries over them.
+
+    def key_value(self, x: jax.Array) -> KeyValueCache:
+        """x (B, T, d_model) -> its keys and values, each (B, H, T, d_k)."""
+        return KeyValueCache(self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x)))  # (B, H, T, d_k) each
+
+    def empty_cache(self, batch: int) -> KeyValueCache:
+        """The keys and values of no token yet: (B, H, max_len, d_k) zeros each, a fixed-size
+        buffer that ``append_to_cache`` writes into (NumPy and torch start from (B, H, 0, d_k))."""
+        empty = jnp.zeros((batch, self.num_heads, self.config.max_len, self.d_k), self.w_k.kernel[...].dtype)
+        return KeyValueCache(empty, empty)  # (B, H, max_len, d_k) each
+
+    def extend_cache(self, cache: KeyValueCache, x: jax.Array, position: int | jax.Array) -> KeyValueCache:
+        """``cache`` of positions 0 .. position - 1, and x (B, T_new, d_model) at the next T_new
+        positions -> the cache of positions 0 .. position + T_new - 1."""
+        new = self.key_value(x)  # (B, H, T_new, d_k) each
+        k = append_to_cache(cache.k, new.k, position, axis=2)  # (B, H, T_cache, d_k)
+        v = append_to_cache(cache.v, new.v, position, axis=2)  # (B, H, T_cache, d_k)
+        return KeyValueCache(k, v)
+
+    def attend(self, query: jax.Array, cache: KeyValueCache, mask: jax.Array | None = None) -> jax.Array:
+        """query (B, T_q, d_model) over cached keys and values (B, H, T_k, d_k) -> (B, T_q, d_model).
+
+        The same arithmetic as ``__call__``, whose keys and values were computed in the call."""
+        q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
+        context, _ = scaled_dot_product_attention(q, cache.k, cache.v, mask)  # (B, H, T_q, d_k)
+        return self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
 
 
 class AttentionHead(nnx.Module):

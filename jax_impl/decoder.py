@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 from flax import nnx
 
 from transformer_spec import Config
 from transformer_spec.checks import check_hidden, check_same_batch
 
-from .attention import MultiHeadAttention
+from .attention import KeyValueCache, MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
 from .layer_norm import LayerNorm
 from .sublayer import sublayer_connection
+
+
+class LayerCache(NamedTuple):
+    """What one decoder layer keeps between decoding steps."""
+
+    self_attn: KeyValueCache  # keys/values of every target token fed so far: (B, H, T_cache, d_k)
+    cross_attn: KeyValueCache | None  # of the memory, computed once: (B, H, T_src, d_k); None when decoder-only
 
 
 class DecoderLayer(nnx.Module):
@@ -60,6 +69,47 @@ class DecoderLayer(nnx.Module):
         x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)  # (B, T_tgt, d_model)
         return x, self_weights, cross_weights
 
+    def empty_cache(self, batch: int, memory: jax.Array | None = None) -> LayerCache:
+        """Before the first step: no target token yet; the memory's (B, T_src, d_model) keys and
+        values projected once here, not again at every step."""
+        cross_cache = None
+        if self.config.decoder_has_cross_attention:
+            if memory is None:
+                raise ValueError("this decoder has cross-attention and needs memory (the encoder output), got None")
+            cross_cache = self.cross_attn.key_value(memory)  # (B, H, T_src, d_k) each
+        return LayerCache(self.self_attn.empty_cache(batch), cross_cache)
+
+    def step(
+        self,
+        x: jax.Array,
+        cache: LayerCache,
+        position: int | jax.Array,
+        tgt_mask: jax.Array | None = None,
+        memory_mask: jax.Array | None = None,
+    ) -> tuple[jax.Array, LayerCache]:
+        """``__call__`` for new tokens only. x (B, T_new, d_model): the tokens at positions
+        position .. position + T_new - 1; ``cache``: this layer's keys and values of every
+        earlier position; tgt_mask (B|1, 1, T_new, T_cache) over the cache *after* the new
+        tokens join it -> (B, T_new, d_model), the extended cache."""
+        check_hidden("x", x.shape, self.config.d_model)
+        norm_first = self.config.norm_first
+
+        def self_attention(h: jax.Array) -> tuple[jax.Array, KeyValueCache]:
+            self_cache = self.self_attn.extend_cache(cache.self_attn, h, position)  # (B, H, T_cache, d_k) each
+            return self.self_attn.attend(h, self_cache, tgt_mask), self_cache  # (B, T_new, d_model)
+
+        x, self_cache = sublayer_connection(x, self_attention, self.self_attn_norm, norm_first)  # (B, T_new, d_model)
+        if self.config.decoder_has_cross_attention:
+            # the new queries over the memory's keys and values, projected once in ``empty_cache``
+            x, _ = sublayer_connection(
+                x,
+                lambda h: (self.cross_attn.attend(h, cache.cross_attn, memory_mask), None),
+                self.cross_attn_norm,
+                norm_first,
+            )  # (B, T_new, d_model)
+        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)  # (B, T_new, d_model)
+        return x, LayerCache(self_cache, cache.cross_attn)
+
 
 def _check_memory(memory: jax.Array | None, x: jax.Array, d_model: int) -> None:
     if memory is None:
@@ -102,3 +152,25 @@ class Decoder(nnx.Module):
         elif not self.config.decoder_has_cross_attention:
             cross_attentions = []
         return x, (tuple(hidden_states) if need_hidden_states else ()), tuple(self_attentions), tuple(cross_attentions)
+
+    def empty_cache(self, batch: int, memory: jax.Array | None = None) -> tuple[LayerCache, ...]:
+        """One ``LayerCache`` per layer, before the first decoding step (see ``DecoderLayer.empty_cache``)."""
+        return tuple(layer.empty_cache(batch, memory) for layer in self.layers)
+
+    def step(
+        self,
+        x: jax.Array,
+        cache: tuple[LayerCache, ...],
+        position: int | jax.Array,
+        tgt_mask: jax.Array | None = None,
+        memory_mask: jax.Array | None = None,
+    ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+        """x (B, T_new, d_model) at positions position .. position + T_new - 1 -> the output at
+        those positions (B, T_new, d_model), each layer's cache extended by them."""
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x, layer_cache = layer.step(x, layer_cache, position, tgt_mask, memory_mask)  # (B, T_new, d_model)
+            new_cache.append(layer_cache)
+        if self.norm is not None:
+            x = self.norm(x)  # (B, T_new, d_model)
+        return x, tuple(new_cache)

@@ -65,7 +65,9 @@ class Embeddings(nnx.Module):
         )
         self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
 
-    def __call__(self, ids: jax.Array, token_type_ids: jax.Array | None = None, offset: int = 0) -> jax.Array:
+    def __call__(
+        self, ids: jax.Array, token_type_ids: jax.Array | None = None, offset: int | jax.Array = 0
+    ) -> jax.Array:
         check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
         x = self.token(ids)  # (B, T, d_model)
         if self.position is not None:

@@ -47,9 +47,8 @@ class SinusoidalPositionalEncoding(nnx.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.pe = Buffer(sinusoidal_table(config.max_len, config.d_model, dtype))  # (max_len, d_model)
 
-    def __call__(self, seq_len: int, offset: int = 0) -> jax.Array:
-        # seq_len and offset are Python ints (shapes), so the slice is static under jit.
-        return self.pe[offset : offset + seq_len]  # (T, d_model)
+    def __call__(self, seq_len: int, offset: int | jax.Array = 0) -> jax.Array:
+        return _rows(self.pe, seq_len, offset)  # (T, d_model)
 
 
 class LearnedPositionalEmbedding(nnx.Module):
@@ -58,5 +57,19 @@ class LearnedPositionalEmbedding(nnx.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.weight = nnx.Param(jnp.zeros((config.max_len, config.d_model), dtype))  # (max_len, d_model)
 
-    def __call__(self, seq_len: int, offset: int = 0) -> jax.Array:
-        return self.weight[offset : offset + seq_len]  # (T, d_model)
+    def __call__(self, seq_len: int, offset: int | jax.Array = 0) -> jax.Array:
+        return _rows(self.weight, seq_len, offset)  # (T, d_model)
+
+
+def _rows(table: nnx.Variable, seq_len: int, offset: int | jax.Array) -> jax.Array:
+    """Rows offset .. offset + seq_len - 1 of a (max_len, d_model) table -> (T, d_model).
+
+    seq_len is a Python int (a shape). So is offset in a forward pass, and the slice is
+    static under jit. A cached decoding step (generate.py) passes a traced offset, so that
+    one compiled step serves every position: then the slice's start is known only at run
+    time, which ``dynamic_slice`` allows (it clamps a start past the end rather than raise:
+    the caller checks positions eagerly).
+    """
+    if isinstance(offset, int):
+        return table[offset : offset + seq_len]  # (T, d_model)
+    return jax.lax.dynamic_slice_in_dim(table[...], offset, seq_len, axis=0)  # (T, d_model)

@@ -16,7 +16,13 @@ import numpy as np
 from transformer_spec import checks
 
 
-def check_token_ids(name: str, ids: jax.Array, vocab_size: int, max_len: int | None, offset: int = 0) -> None:
+def check_token_ids(
+    name: str, ids: jax.Array, vocab_size: int, max_len: int | None, offset: int | jax.Array = 0
+) -> None:
+    if isinstance(offset, jax.core.Tracer):
+        # A traced position (a jit-compiled decoding step, generate.py): unknown until it runs.
+        # Its range was checked eagerly, before the call; here only the shape can be.
+        offset = 0
     checks.check_token_ids(
         name, ids.shape, str(ids.dtype), jnp.issubdtype(ids.dtype, jnp.integer), vocab_size, max_len, offset
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,6 +76,28 @@ def scaled_dot_product_attention_backward(
     grad_q = grad_scores @ k / scale  # (..., T_q, T_k) @ (..., T_k, d_k) -> (..., T_q, d_k)
     grad_k = np.swapaxes(grad_scores, -1, -2) @ q / scale  # (..., T_k, T_q) @ (..., T_q, d_k) -> (..., T_k, d_k)
     return grad_q, grad_k, grad_v
+
+
+class KeyValueCache(NamedTuple):
+    """One attention layer's keys and values, already projected and split into heads, kept
+    between decoding steps so that a step projects only its new tokens."""
+
+    k: np.ndarray  # (B, H, T_cache, d_k)
+    v: np.ndarray  # (B, H, T_cache, d_k)
+
+
+def append_to_cache(cached: np.ndarray, new: np.ndarray, position: int, axis: int) -> np.ndarray:
+    """``cached`` holds positions 0 .. position - 1 along ``axis``; -> it with ``new`` after them.
+
+    NumPy (and torch) grow the array: one concatenation per step, a copy of everything
+    cached so far, and shapes that change every step (fine without a compiler). jax_impl
+    writes into a buffer of fixed size instead, so that its compiled step keeps one shape.
+    """
+    if cached.shape[axis] != position:
+        raise ValueError(
+            f"the cache holds {cached.shape[axis]} positions, but the new entries are for position {position}"
+        )
+    return np.concatenate([cached, new], axis=axis)  # (..., position + T_new, ...)
 
 
 class MultiHeadAttention:
@@ -157,6 +180,35 @@ class MultiHeadAttention:
         x's gradient is the sum of the three. -> grad_x (B, T, d_model), grads."""
         (grad_query, grad_key, grad_value), grads = self.backward(saved, grad_output)
         return grad_query + grad_key + grad_value, grads  # (B, T, d_model)
+
+    # ---------------------------------------------------------------- decoding with a cache
+    # ``__call__`` split in two: the keys and values (what a cache keeps), and the attention
+    # of new queries over them. Inference only: no backward.
+
+    def key_value(self, x: np.ndarray) -> KeyValueCache:
+        """x (B, T, d_model) -> its keys and values, each (B, H, T, d_k)."""
+        return KeyValueCache(self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x)))  # (B, H, T, d_k) each
+
+    def empty_cache(self, batch: int) -> KeyValueCache:
+        """The keys and values of no token yet: (B, H, 0, d_k) each, grown by ``append_to_cache``."""
+        empty = np.zeros((batch, self.num_heads, 0, self.d_k), self.w_k.weight.dtype)  # (B, H, 0, d_k)
+        return KeyValueCache(empty, empty)
+
+    def extend_cache(self, cache: KeyValueCache, x: np.ndarray, position: int) -> KeyValueCache:
+        """``cache`` of positions 0 .. position - 1, and x (B, T_new, d_model) at the next T_new
+        positions -> the cache of positions 0 .. position + T_new - 1."""
+        new = self.key_value(x)  # (B, H, T_new, d_k) each
+        k = append_to_cache(cache.k, new.k, position, axis=2)  # (B, H, T_cache, d_k)
+        v = append_to_cache(cache.v, new.v, position, axis=2)  # (B, H, T_cache, d_k)
+        return KeyValueCache(k, v)
+
+    def attend(self, query: np.ndarray, cache: KeyValueCache, mask: np.ndarray | None = None) -> np.ndarray:
+        """query (B, T_q, d_model) over cached keys and values (B, H, T_k, d_k) -> (B, T_q, d_model).
+
+        The same arithmetic as ``__call__``, whose keys and values were computed in the call."""
+        q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
+        context, _ = scaled_dot_product_attention(q, cache.k, cache.v, mask)  # (B, H, T_q, d_k)
+        return self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
 
 
 class AttentionHead:

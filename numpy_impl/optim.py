@@ -52,5 +52,3 @@ class Adam:
             param = self._param(name)
             param -= lr * (m / correction1) / (np.sqrt(v / correction2) + self.eps)  # in place: the model's array
         return lr
-
-

@@ -13,6 +13,7 @@ from .decoder import Decoder, DecoderLayer
 from .embeddings import Embeddings, TokenEmbedding
 from .encoder import Encoder, EncoderLayer
 from .feed_forward import ACTIVATIONS, PositionwiseFeedForward, gelu, gelu_tanh, relu
+from .generate import beam, greedy, make_stepper
 from .layer_norm import LayerNorm
 from .layers import Linear
 from .loss import cross_entropy
@@ -52,17 +53,20 @@ __all__ = [
     "Transformer",
     "TransformerEncoderModel",
     "TransformerLM",
+    "beam",
     "build_model",
     "cross_entropy",
     "from_params",
     "gelu",
     "gelu_tanh",
+    "greedy",
     "load_model",
     "loss_and_grads",
     "make_causal_mask",
     "make_cross_attention_mask",
     "make_decoder_mask",
     "make_padding_mask",
+    "make_stepper",
     "masked_softmax",
     "relu",
     "scaled_dot_product_attention",

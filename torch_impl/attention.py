@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -48,6 +49,28 @@ def scaled_dot_product_attention(
     return weights @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
 
 
+class KeyValueCache(NamedTuple):
+    """One attention layer's keys and values, already projected and split into heads, kept
+    between decoding steps so that a step projects only its new tokens."""
+
+    k: torch.Tensor  # (B, H, T_cache, d_k)
+    v: torch.Tensor  # (B, H, T_cache, d_k)
+
+
+def append_to_cache(cached: torch.Tensor, new: torch.Tensor, position: int, axis: int) -> torch.Tensor:
+    """``cached`` holds positions 0 .. position - 1 along ``axis``; -> it with ``new`` after them.
+
+    torch (like NumPy) grows the tensor: one concatenation per step, a copy of everything
+    cached so far, and shapes that change every step (fine in eager mode). jax_impl writes
+    into a buffer of fixed size instead, so that its compiled step keeps one shape.
+    """
+    if cached.shape[axis] != position:
+        raise ValueError(
+            f"the cache holds {cached.shape[axis]} positions, but the new entries are for position {position}"
+        )
+    return torch.cat([cached, new], dim=axis)  # (..., position + T_new, ...)
+
+
 class MultiHeadAttention(nn.Module):
     """h heads in one set of matrices: project, split into heads, attend, merge, project."""
 
@@ -88,6 +111,36 @@ class MultiHeadAttention(nn.Module):
         context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k), (B, H, T_q, T_k)
         output = self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
         return output, (weights if need_weights else None)
+
+    # ---------------------------------------------------------------- decoding with a cache
+    # ``forward`` split in two: the keys and values (what a cache keeps), and the attention
+    # of new queries over them.
+
+    def key_value(self, x: torch.Tensor) -> KeyValueCache:
+        """x (B, T, d_model) -> its keys and values, each (B, H, T, d_k)."""
+        return KeyValueCache(self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x)))  # (B, H, T, d_k) each
+
+    def empty_cache(self, batch: int) -> KeyValueCache:
+        """The keys and values of no token yet: (B, H, 0, d_k) each, grown by ``append_to_cache``."""
+        weight = self.w_k.weight
+        empty = torch.zeros(batch, self.num_heads, 0, self.d_k, dtype=weight.dtype, device=weight.device)
+        return KeyValueCache(empty, empty)  # (B, H, 0, d_k) each
+
+    def extend_cache(self, cache: KeyValueCache, x: torch.Tensor, position: int) -> KeyValueCache:
+        """``cache`` of positions 0 .. position - 1, and x (B, T_new, d_model) at the next T_new
+        positions -> the cache of positions 0 .. position + T_new - 1."""
+        new = self.key_value(x)  # (B, H, T_new, d_k) each
+        k = append_to_cache(cache.k, new.k, position, axis=2)  # (B, H, T_cache, d_k)
+        v = append_to_cache(cache.v, new.v, position, axis=2)  # (B, H, T_cache, d_k)
+        return KeyValueCache(k, v)
+
+    def attend(self, query: torch.Tensor, cache: KeyValueCache, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """query (B, T_q, d_model) over cached keys and values (B, H, T_k, d_k) -> (B, T_q, d_model).
+
+        The same arithmetic as ``forward``, whose keys and values were computed in the call."""
+        q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
+        context, _ = scaled_dot_product_attention(q, cache.k, cache.v, mask)  # (B, H, T_q, d_k)
+        return self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
 
 
 class AttentionHead(nn.Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import compare, embed
+from . import compare, embed, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,5 +16,6 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     compare.add_parser(commands)
     embed.add_parser(commands)
+    train.add_parser(commands)
     args = parser.parse_args(argv)
     return args.run(args)

@@ -1,0 +1,222 @@
+"""Decoding: the steppers that ``transformer_spec.decoding``'s greedy and beam search drive.
+
+The search itself is written once, in NumPy, in ``transformer_spec.decoding``; a backend
+only supplies a *stepper* (start / step / reorder, see ``decoding.Stepper``) that turns the
+newest tokens into next-token logits. Two of them, which must give the same logits:
+
+* ``cached=False``: every step runs the whole prefix through the model's ordinary forward
+  pass and keeps the last position's logits. Obviously right, and step t redoes the work of
+  every earlier step: t tokens through every layer, attention over t^2 pairs.
+* ``cached=True`` (a key/value cache): the encoder runs once per source, the memory's keys and
+  values are projected once, and each step feeds only the newest token: its key and value join
+  each layer's cache, and its query attends over everything cached (which is the causal mask:
+  no later position is in the cache yet).
+
+JAX differences. The cache is a buffer of fixed size, ``config.max_len`` positions, written
+at the step's position (``attention.append_to_cache``), and ``initial_cache`` and
+``decode_step`` are compiled with ``jax.jit``: once per (model structure, number of running
+sequences, source or prompt shape), not once per step, since the position is a traced
+value. The cost: every step attends over all max_len slots (those not written yet are
+masked out), wasted work while the sequence is short. The ids and positions are checked
+eagerly before each compiled call, as the models' ``__call__`` does. The uncached stepper
+calls the model's jit-compiled ``__call__`` on a prefix one token longer at every step: a
+new shape, so one compilation per length (JAX keeps them for later calls of that shape).
+
+What ``src_ids`` and ``bos`` mean:
+
+* ``Transformer`` (encoder-decoder): ``src_ids`` (B, T_src) is the source, padded with
+  ``config.pad_id``; the decoder reads ``bos`` at position 0, then what it generated.
+* ``TransformerLM`` (decoder-only): ``src_ids`` (B, P) is the *prompt*, and the model reads
+  ``prompt + [bos] + generated``: ``start`` runs the prompt through the decoder once, filling
+  the cache; ``bos`` is the first token after it, fed at position P by the first step, and the
+  first token generated is the model's prediction after ``bos``. So ``bos`` is the token that
+  opens the generated part: an LM trained on "<bos> w_1 .. w_n" starts from an empty prompt
+  (shape (B, 0)) and its <bos>; one trained on "question <sep> answer" gets the question as
+  the prompt and <sep> as ``bos``. Prompt padding (``pad_id``) is hidden from attention as in
+  the model's forward pass, but still occupies positions: rows of unequal length decode as
+  the model reads them padded, not as each would alone.
+
+As in the model's forward pass, a fed ``pad_id`` token (a finished row keeps being fed padding
+by greedy search) is hidden from every later query.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_spec.decoding import BeamResult, beam_search, greedy_decode
+
+from .attention import append_to_cache
+from .decoder import LayerCache
+from .masks import make_cross_attention_mask
+from .validate import check_token_ids
+
+
+class DecodingState(NamedTuple):
+    """The cached stepper's state, N running sequences."""
+
+    cache: tuple[LayerCache, ...]  # per decoder layer: keys/values (N, H, T_cache, d_k)
+    keep: jax.Array  # (N, T_cache): True where the token fed at that position is not padding
+    memory_mask: jax.Array | None  # (N, 1, 1, T_src) source padding; None when decoder-only
+    offset: int  # the prompt's length: a step's ``position`` counts from after the prompt
+
+
+class PrefixState(NamedTuple):
+    """The uncached stepper's state: everything needed to re-run the model from scratch."""
+
+    src_ids: jax.Array  # (N, T_src): the source, or the decoder-only model's prompt (N, P)
+    tgt_ids: jax.Array  # (N, T): the tokens fed so far, from <bos>
+
+
+def make_step_mask(keep: jax.Array, position: int | jax.Array, num_new: int) -> jax.Array:
+    """keep (N, T_cache) -> tgt_mask (N, 1, T_new, T_cache) for new tokens at positions
+    position .. position + num_new - 1: each sees the cached positions up to its own, minus padding.
+
+    For a single new token this is ``keep`` alone (everything cached is in its past); a block
+    of new tokens (a prompt) also needs the causal triangle among themselves. JAX: the causal
+    part also hides the buffer's slots not written yet (they all lie after the query)."""
+    key_positions = jnp.arange(keep.shape[1])  # (T_cache,) = (max_len,)
+    query_positions = position + jnp.arange(num_new)  # (T_new,)
+    causal = key_positions[None, :] <= query_positions[:, None]  # (T_new, T_cache)
+    return keep[:, None, None, :] & causal[None, None]  # (N, 1, 1, T_cache) & (1, 1, T_new, T_cache)
+
+
+def initial_cache(model: Any, src_ids: jax.Array) -> tuple[tuple[LayerCache, ...], jax.Array, jax.Array | None]:
+    """Before the first step -> (cache, keep, memory_mask): the encoder-decoder encodes its source
+    and projects the memory's keys and values, once per layer; no target token is cached yet."""
+    batch = src_ids.shape[0]
+    keep = jnp.zeros((batch, model.config.max_len), bool)  # (N, max_len): a fixed-size buffer, like the cache
+    if not model.config.decoder_has_cross_attention:
+        return model.decoder.empty_cache(batch), keep, None
+    memory, _, _ = model.encode(src_ids)  # (N, T_src, d_model)
+    memory_mask = make_cross_attention_mask(src_ids, model.config.pad_id)  # (N, 1, 1, T_src)
+    return model.decoder.empty_cache(batch, memory), keep, memory_mask
+
+
+def decode_step(
+    model: Any,
+    tokens: jax.Array,
+    cache: tuple[LayerCache, ...],
+    keep: jax.Array,
+    memory_mask: jax.Array | None,
+    position: int | jax.Array,
+) -> tuple[jax.Array, tuple[LayerCache, ...], jax.Array]:
+    """tokens (N, T_new) at absolute positions position .. position + T_new - 1, the cache and
+    ``keep`` (N, position) of every earlier one -> logits (N, T_new, V), both extended."""
+    keep = append_to_cache(keep, tokens != model.config.pad_id, position, axis=1)  # (N, T_cache)
+    tgt_mask = make_step_mask(keep, position, tokens.shape[1])  # (N, 1, T_new, T_cache)
+    x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
+    x, cache = model.decoder.step(x, cache, position, tgt_mask, memory_mask)  # (N, T_new, d_model)
+    logits = model.generator(x, model.tgt_embed.token.weight[...])  # (N, T_new, V)
+    return logits, cache, keep
+
+
+# Compiled once per (model structure, input shapes): the model is a pytree argument, as in
+# model.py's ``_jit_forward``, and ``position`` a traced value.
+_jit_initial_cache = jax.jit(initial_cache)
+_jit_decode_step = jax.jit(decode_step)
+
+
+def select_rows(tree: Any, rows: jax.Array) -> Any:
+    """Every array in a (named) tuple tree, indexed by ``rows`` along its first (batch) axis."""
+    return jax.tree.map(lambda array: array[rows], tree)  # (len(rows), ...) each
+
+
+class CachedStepper:
+    """``decoding.Stepper`` with a key/value cache: one token per sequence per step."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def start(self, src_ids: np.ndarray) -> DecodingState:
+        config = self.model.config
+        src_ids = jnp.asarray(src_ids)  # (N, T_src), or the prompt (N, P)
+        vocab = config.src_vocab_size if config.decoder_has_cross_attention else config.tgt_vocab_size
+        if src_ids.shape[1]:  # eagerly, on the concrete ids: the compiled code cannot look at values
+            check_token_ids("ids", src_ids, vocab, config.max_len)
+        cache, keep, memory_mask = _jit_initial_cache(self.model, src_ids)
+        if config.decoder_has_cross_attention or src_ids.shape[1] == 0:
+            return DecodingState(cache, keep, memory_mask, 0)
+        # decoder-only: the prompt, all of it in one call, fills the cache at positions 0 .. P - 1
+        _, cache, keep = _jit_decode_step(self.model, src_ids, cache, keep, None, 0)  # (N, P, V), ...
+        return DecodingState(cache, keep, None, src_ids.shape[1])
+
+    def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:
+        tokens = jnp.asarray(tokens)[:, None]  # (N, 1)
+        config = self.model.config
+        check_token_ids("ids", tokens, config.tgt_vocab_size, config.max_len, state.offset + position)  # eagerly
+        logits, cache, keep = _jit_decode_step(
+            self.model, tokens, state.cache, state.keep, state.memory_mask, state.offset + position
+        )  # (N, 1, V), ...
+        return np.asarray(logits[:, -1]), state._replace(cache=cache, keep=keep)  # (N, V)
+
+    def reorder(self, state: DecodingState, rows: np.ndarray) -> DecodingState:
+        rows = jnp.asarray(rows)  # (N,)
+        cache, keep, memory_mask = select_rows((state.cache, state.keep, state.memory_mask), rows)
+        return state._replace(cache=cache, keep=keep, memory_mask=memory_mask)
+
+
+class UncachedStepper:
+    """``decoding.Stepper`` without a cache: every step runs the model on the whole prefix."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def start(self, src_ids: np.ndarray) -> PrefixState:
+        src_ids = jnp.asarray(src_ids)  # (N, T_src)
+        return PrefixState(src_ids, jnp.zeros((src_ids.shape[0], 0), src_ids.dtype))  # (N, 0)
+
+    def step(self, state: PrefixState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, PrefixState]:
+        if state.tgt_ids.shape[1] != position:
+            raise ValueError(
+                f"{state.tgt_ids.shape[1]} tokens were fed so far, but the next is for position {position}"
+            )
+        tgt_ids = jnp.concatenate([state.tgt_ids, jnp.asarray(tokens)[:, None]], axis=1)  # (N, position + 1)
+        if self.model.config.decoder_has_cross_attention:
+            logits = self.model(state.src_ids, tgt_ids).logits  # (N, position + 1, V)
+        else:
+            logits = self.model(jnp.concatenate([state.src_ids, tgt_ids], axis=1)).logits  # (N, P + position + 1, V)
+        return np.asarray(logits[:, -1]), PrefixState(state.src_ids, tgt_ids)  # (N, V)
+
+    def reorder(self, state: PrefixState, rows: np.ndarray) -> PrefixState:
+        return select_rows(state, jnp.asarray(rows))
+
+
+def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedStepper:
+    """A ``transformer_spec.decoding.Stepper`` for a ``Transformer`` or a ``TransformerLM``."""
+    if not model.config.uses_decoder:
+        raise ValueError(f"decoding needs a model with a decoder, got kind={model.config.kind!r}")
+    return CachedStepper(model) if cached else UncachedStepper(model)
+
+
+def greedy(model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True) -> np.ndarray:
+    """Greedy decoding -> (B, T <= max_len + 1) ids from ``bos``, padded after ``eos``; see the module docstring."""
+    stepper = make_stepper(model, cached)
+    return greedy_decode(stepper, _host_ids(src_ids), bos, eos, max_len, model.config.pad_id)
+
+
+def beam(
+    model: Any,
+    src_ids: np.ndarray,
+    bos: int,
+    eos: int,
+    max_len: int,
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+    cached: bool = True,
+) -> BeamResult:
+    """Beam search (``transformer_spec.decoding.beam_search``) -> the best hypothesis per row and its score."""
+    stepper = make_stepper(model, cached)
+    return beam_search(stepper, _host_ids(src_ids), bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
+
+
+def _host_ids(src_ids: Any) -> np.ndarray:
+    """The search runs in NumPy on the host: ids (B, T) as a NumPy integer array, checked."""
+    src_ids = np.asarray(src_ids)
+    if src_ids.ndim != 2 or not np.issubdtype(src_ids.dtype, np.integer):
+        raise ValueError(f"src_ids must be integer ids of shape (batch, seq_len), got {src_ids.dtype} {src_ids.shape}")
+    return src_ids

@@ -1,0 +1,217 @@
+"""Decoding: the steppers that ``transformer_spec.decoding``'s greedy and beam search drive.
+
+The search itself is written once, in NumPy, in ``transformer_spec.decoding``; a backend
+only supplies a *stepper* (start / step / reorder, see ``decoding.Stepper``) that turns the
+newest tokens into next-token logits. Two of them, which must give the same logits:
+
+* ``cached=False``: every step runs the whole prefix through the model's ordinary forward
+  pass and keeps the last position's logits. Obviously right, and step t redoes the work of
+  every earlier step: t tokens through every layer, attention over t^2 pairs.
+* ``cached=True`` (a key/value cache): the encoder runs once per source, the memory's keys and
+  values are projected once, and each step feeds only the newest token: its key and value join
+  each layer's cache, and its query attends over everything cached (which is the causal mask:
+  no later position is in the cache yet). The cache grows by concatenation here (see
+  ``attention.append_to_cache``). Both steppers run under ``torch.no_grad``: nothing is kept
+  for a backward pass.
+
+What ``src_ids`` and ``bos`` mean:
+
+* ``Transformer`` (encoder-decoder): ``src_ids`` (B, T_src) is the source, padded with
+  ``config.pad_id``; the decoder reads ``bos`` at position 0, then what it generated.
+* ``TransformerLM`` (decoder-only): ``src_ids`` (B, P) is the *prompt*, and the model reads
+  ``prompt + [bos] + generated``: ``start`` runs the prompt through the decoder once, filling
+  the cache; ``bos`` is the first token after it, fed at position P by the first step, and the
+  first token generated is the model's prediction after ``bos``. So ``bos`` is the token that
+  opens the generated part: an LM trained on "<bos> w_1 .. w_n" starts from an empty prompt
+  (shape (B, 0)) and its <bos>; one trained on "question <sep> answer" gets the question as
+  the prompt and <sep> as ``bos``. Prompt padding (``pad_id``) is hidden from attention as in
+  the model's forward pass, but still occupies positions: rows of unequal length decode as
+  the model reads them padded, not as each would alone.
+
+As in the model's forward pass, a fed ``pad_id`` token (a finished row keeps being fed padding
+by greedy search) is hidden from every later query.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from transformer_spec.decoding import BeamResult, beam_search, greedy_decode
+
+from .attention import append_to_cache
+from .decoder import LayerCache
+from .masks import make_cross_attention_mask
+
+
+class DecodingState(NamedTuple):
+    """The cached stepper's state, N running sequences."""
+
+    cache: tuple[LayerCache, ...]  # per decoder layer: keys/values (N, H, T_cache, d_k)
+    keep: torch.Tensor  # (N, T_cache): True where the token fed at that position is not padding
+    memory_mask: torch.Tensor | None  # (N, 1, 1, T_src) source padding; None when decoder-only
+    offset: int  # the prompt's length: a step's ``position`` counts from after the prompt
+
+
+class PrefixState(NamedTuple):
+    """The uncached stepper's state: everything needed to re-run the model from scratch."""
+
+    src_ids: torch.Tensor  # (N, T_src): the source, or the decoder-only model's prompt (N, P)
+    tgt_ids: torch.Tensor  # (N, T): the tokens fed so far, from <bos>
+
+
+def make_step_mask(keep: torch.Tensor, position: int, num_new: int) -> torch.Tensor:
+    """keep (N, T_cache) -> tgt_mask (N, 1, T_new, T_cache) for new tokens at positions
+    position .. position + num_new - 1: each sees the cached positions up to its own, minus padding.
+
+    For a single new token this is ``keep`` alone (everything cached is in its past); a block
+    of new tokens (a prompt) also needs the causal triangle among themselves."""
+    key_positions = torch.arange(keep.shape[1], device=keep.device)  # (T_cache,)
+    query_positions = position + torch.arange(num_new, device=keep.device)  # (T_new,)
+    causal = key_positions[None, :] <= query_positions[:, None]  # (T_new, T_cache)
+    return keep[:, None, None, :] & causal[None, None]  # (N, 1, 1, T_cache) & (1, 1, T_new, T_cache)
+
+
+def initial_cache(
+    model: Any, src_ids: torch.Tensor
+) -> tuple[tuple[LayerCache, ...], torch.Tensor, torch.Tensor | None]:
+    """Before the first step -> (cache, keep, memory_mask): the encoder-decoder encodes its source
+    and projects the memory's keys and values, once per layer; no target token is cached yet."""
+    batch = src_ids.shape[0]
+    keep = torch.zeros(batch, 0, dtype=torch.bool, device=src_ids.device)  # (N, 0): grows with the cache
+    if not model.config.decoder_has_cross_attention:
+        return model.decoder.empty_cache(batch), keep, None
+    memory, _, _ = model.encode(src_ids)  # (N, T_src, d_model)
+    memory_mask = make_cross_attention_mask(src_ids, model.config.pad_id)  # (N, 1, 1, T_src)
+    return model.decoder.empty_cache(batch, memory), keep, memory_mask
+
+
+def decode_step(
+    model: Any,
+    tokens: torch.Tensor,
+    cache: tuple[LayerCache, ...],
+    keep: torch.Tensor,
+    memory_mask: torch.Tensor | None,
+    position: int,
+) -> tuple[torch.Tensor, tuple[LayerCache, ...], torch.Tensor]:
+    """tokens (N, T_new) at absolute positions position .. position + T_new - 1, the cache and
+    ``keep`` (N, position) of every earlier one -> logits (N, T_new, V), both extended."""
+    keep = append_to_cache(keep, tokens != model.config.pad_id, position, axis=1)  # (N, T_cache)
+    tgt_mask = make_step_mask(keep, position, tokens.shape[1])  # (N, 1, T_new, T_cache)
+    x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
+    x, cache = model.decoder.step(x, cache, position, tgt_mask, memory_mask)  # (N, T_new, d_model)
+    logits = model.generator(x, model.tgt_embed.token.weight)  # (N, T_new, V)
+    return logits, cache, keep
+
+
+def select_rows(tree: Any, rows: torch.Tensor) -> Any:
+    """Every array in a (named) tuple tree, indexed by ``rows`` along its first (batch) axis."""
+    if tree is None:
+        return None
+    if isinstance(tree, tuple):
+        items = [select_rows(item, rows) for item in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else tuple(items)
+    return tree[rows]  # (len(rows), ...)
+
+
+class CachedStepper:
+    """``decoding.Stepper`` with a key/value cache: one token per sequence per step."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    @torch.no_grad()
+    def start(self, src_ids: np.ndarray) -> DecodingState:
+        src_ids = _to_device(self.model, src_ids)  # (N, T_src), or the prompt (N, P)
+        cache, keep, memory_mask = initial_cache(self.model, src_ids)
+        if self.model.config.decoder_has_cross_attention or src_ids.shape[1] == 0:
+            return DecodingState(cache, keep, memory_mask, 0)
+        # decoder-only: the prompt, all of it in one call, fills the cache at positions 0 .. P - 1
+        _, cache, keep = decode_step(self.model, src_ids, cache, keep, None, 0)  # (N, P, V), ...
+        return DecodingState(cache, keep, None, src_ids.shape[1])
+
+    @torch.no_grad()
+    def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:
+        tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
+        logits, cache, keep = decode_step(
+            self.model, tokens, state.cache, state.keep, state.memory_mask, state.offset + position
+        )  # (N, 1, V), ...
+        return logits[:, -1].cpu().numpy(), state._replace(cache=cache, keep=keep)  # (N, V)
+
+    def reorder(self, state: DecodingState, rows: np.ndarray) -> DecodingState:
+        rows = _to_device(self.model, rows)  # (N,)
+        cache, keep, memory_mask = select_rows((state.cache, state.keep, state.memory_mask), rows)
+        return state._replace(cache=cache, keep=keep, memory_mask=memory_mask)
+
+
+class UncachedStepper:
+    """``decoding.Stepper`` without a cache: every step runs the model on the whole prefix."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def start(self, src_ids: np.ndarray) -> PrefixState:
+        src_ids = _to_device(self.model, src_ids)  # (N, T_src)
+        return PrefixState(src_ids, src_ids.new_zeros(src_ids.shape[0], 0))  # (N, 0)
+
+    @torch.no_grad()
+    def step(self, state: PrefixState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, PrefixState]:
+        if state.tgt_ids.shape[1] != position:
+            raise ValueError(
+                f"{state.tgt_ids.shape[1]} tokens were fed so far, but the next is for position {position}"
+            )
+        tgt_ids = torch.cat([state.tgt_ids, _to_device(self.model, tokens)[:, None]], dim=1)  # (N, position + 1)
+        if self.model.config.decoder_has_cross_attention:
+            logits = self.model(state.src_ids, tgt_ids).logits  # (N, position + 1, V)
+        else:
+            logits = self.model(torch.cat([state.src_ids, tgt_ids], dim=1)).logits  # (N, P + position + 1, V)
+        return logits[:, -1].cpu().numpy(), PrefixState(state.src_ids, tgt_ids)  # (N, V)
+
+    def reorder(self, state: PrefixState, rows: np.ndarray) -> PrefixState:
+        return select_rows(state, _to_device(self.model, rows))
+
+
+def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedStepper:
+    """A ``transformer_spec.decoding.Stepper`` for a ``Transformer`` or a ``TransformerLM``."""
+    if not model.config.uses_decoder:
+        raise ValueError(f"decoding needs a model with a decoder, got kind={model.config.kind!r}")
+    return CachedStepper(model) if cached else UncachedStepper(model)
+
+
+def greedy(model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True) -> np.ndarray:
+    """Greedy decoding -> (B, T <= max_len + 1) ids from ``bos``, padded after ``eos``; see the module docstring."""
+    stepper = make_stepper(model, cached)
+    return greedy_decode(stepper, _host_ids(src_ids), bos, eos, max_len, model.config.pad_id)
+
+
+def beam(
+    model: Any,
+    src_ids: np.ndarray,
+    bos: int,
+    eos: int,
+    max_len: int,
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+    cached: bool = True,
+) -> BeamResult:
+    """Beam search (``transformer_spec.decoding.beam_search``) -> the best hypothesis per row and its score."""
+    stepper = make_stepper(model, cached)
+    return beam_search(stepper, _host_ids(src_ids), bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
+
+
+def _to_device(model: Any, ids: np.ndarray) -> torch.Tensor:
+    """NumPy ids (the search's) -> an int64 tensor on the model's device."""
+    device = next(model.parameters()).device
+    return torch.from_numpy(np.ascontiguousarray(ids, np.int64)).to(device)
+
+
+def _host_ids(src_ids: Any) -> np.ndarray:
+    """The search runs in NumPy on the host: ids (B, T) as a NumPy integer array, checked."""
+    if isinstance(src_ids, torch.Tensor):
+        src_ids = src_ids.cpu().numpy()
+    src_ids = np.asarray(src_ids)
+    if src_ids.ndim != 2 or not np.issubdtype(src_ids.dtype, np.integer):
+        raise ValueError(f"src_ids must be integer ids of shape (batch, seq_len), got {src_ids.dtype} {src_ids.shape}")
+    return src_ids
