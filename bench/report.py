@@ -1,0 +1,242 @@
+"""Results -> a Markdown report, a JSON file and the sequence-length plot."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def _ratio(r: dict[str, float]) -> str:
+    return f"{r['median']:.2f}x [{r['p25']:.2f}-{r['p75']:.2f}] n={r['rounds']}"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    out = [
+        "# Benchmark: ours against each framework's own modules",
+        "",
+        f"{meta['date']}, {meta['cpu']} ({meta['cores']} cores), {meta['versions']}; "
+        f"mode: {meta['mode']}; total {meta['total_s']:.0f} s. Load average {meta['load_start']} at the start, "
+        f"{meta['load_end']} at the end.",
+        "",
+        "Method: eval, float32, same weights, one process; the implementations run interleaved "
+        "(rotating order) and each ratio is the median of the per-round ratios ours/theirs, with the "
+        "25th-75th percentile of those ratios and the number of rounds. GFLOP/s counts matmul FLOPs only "
+        "(2 m n k, attention's q k^T and weights @ v included, padding included); '% matmul' is that rate "
+        "over the same backend's 1024^3 float32 matmul timed in the same rounds. Max |diff| is taken at "
+        "real tokens. Batch x tokens: " + meta["shapes"] + ".",
+        "",
+    ]
+    sections_run = meta.get("sections_run", {})
+    if sections_run:
+        out.append(
+            "Seconds per section (and the share of the CPUs other processes used meanwhile, "
+            "stolen by the hypervisor): "
+            + ", ".join(f"{name} {r['seconds']:.0f} s{_share(r.get('cpu_share'))}" for name, r in sections_run.items())
+            + "."
+        )
+        out.append("")
+        busiest = max((r["cpu_share"]["others"] for r in sections_run.values() if r.get("cpu_share")), default=0.0)
+        if busiest > 0.10:
+            out += [
+                f"**Warning: other processes used up to {100 * busiest:.0f}% of the CPUs during this run.** "
+                "Interleaving protects the ratios from drift, not from this: torch's OpenMP pool and "
+                "OpenBLAS wait at every parallel op for a thread whose core is taken, which slows "
+                "many-small-op code (ours, and tiny sizes) far more than fused kernels or XLA. "
+                "Rerun on a quiet machine (--wait-idle helps on a shared one).",
+                "",
+            ]
+    for name, reason in results.get("skipped", {}).items():
+        out.append(f"- **{name}** skipped: {reason}")
+    if results.get("skipped"):
+        out.append("")
+
+    if results.get("rows"):
+        out += ["## Forward pass, side by side", ""]
+        out += _table(
+            ["backend", "what", "size", "B x T", "ours", "theirs", "ours ms", "theirs ms", "ratio ours/theirs",
+             "ours GFLOP/s", "% matmul", "max abs diff", "notes"],
+            [
+                [r["section"], r["comparison"], r["size"], r["shape"], r["ours"], r["theirs"], _ms(r["ours_ms"]),
+                 _ms(r["theirs_ms"]), _ratio(r["ratio"]), f"{r['gflops']:.1f}", f"{100 * r['matmul_fraction']:.0f}%",
+                 f"{r['max_abs_diff']:.1e}", _row_notes(r)]
+                for r in results["rows"]
+            ],
+        )  # fmt: skip
+        rates = {}
+        for r in results["rows"]:
+            rates.setdefault(r["section"] if r["section"] != "bert" else "torch", []).append(r["matmul_gflops"])
+        out.append(
+            "Large-matmul rate in the same rounds (median per section, GFLOP/s): "
+            + ", ".join(f"{k} {sorted(v)[len(v) // 2]:.0f}" for k, v in rates.items())
+            + "."
+        )
+        out.append("")
+
+    if results.get("targets"):
+        out += ["## Targets from the issue", ""]
+        out += _table(
+            ["target", "measured", "met?", "what limits it"],
+            [
+                [t["target"], t["measured"], {True: "met", False: "**not met**", None: "n/a"}[t["met"]],
+                 t["limits"] if t["met"] is False else ""]
+                for t in results["targets"]
+            ],
+        )  # fmt: skip
+
+    out += _sweep_markdown(results.get("sweep"))
+    out += _memory_markdown(results.get("memory"))
+    out += _compile_markdown(results.get("compile"))
+    out += _training_markdown(results.get("training"))
+    if results.get("breakdown"):
+        out += ["## Where the time goes: components, ours against the framework's own op", ""]
+        out += _table(
+            ["backend", "component", "size", "B x T", "ours", "theirs", "ours ms", "theirs ms", "ratio"],
+            [
+                [r["section"], r["component"], r["size"], r["shape"], r["ours"], r["theirs"], _ms(r["ours_ms"]),
+                 _ms(r["theirs_ms"]), _ratio(r["ratio"])]
+                for r in results["breakdown"]
+            ],
+        )  # fmt: skip
+    return "\n".join(out)
+
+
+def _share(share: dict[str, float] | None) -> str:
+    return f" ({100 * share['others']:.0f}% others, {100 * share['stolen']:.0f}% stolen)" if share else ""
+
+
+def _row_notes(row: dict[str, Any]) -> str:
+    notes = [row["notes"]] if row.get("notes") else []
+    if row.get("ours_compile_s") is not None:
+        notes.append(f"compile: ours {row['ours_compile_s']:.2f} s, theirs {row['theirs_compile_s']:.2f} s")
+    return "; ".join(notes)
+
+
+def _sweep_markdown(sweep: dict[str, Any] | None) -> list[str]:
+    if not sweep:
+        return []
+    labels = list(sweep["points"][0]["ms"])
+    ratio_names = list(sweep["points"][0]["ratios"])
+    out = [
+        f"## Sequence-length sweep ({sweep['size']} encoder stack, batch {sweep['batch']}), ms per forward",
+        "",
+    ]
+    out += _table(
+        ["T", *labels, *ratio_names],
+        [
+            [p["seq_len"], *(_ms(p["ms"][label]) for label in labels), *(_ratio(p["ratios"][n]) for n in ratio_names)]
+            for p in sweep["points"]
+        ],
+    )
+    return out
+
+
+def _memory_markdown(memory: dict[str, Any] | None) -> list[str]:
+    if not memory:
+        return []
+    out = [
+        f"## Peak memory of one forward ({memory['preset']}, {memory['shape']}), fresh process each",
+        "",
+        "Peak RSS increase during one call (VmHWM after minus VmRSS before, the peak reset just before "
+        "the call; glibc's mmap threshold fixed so freed memory is returned). Weights and inputs are "
+        "not counted; the output is.",
+        "",
+    ]
+    rows = []
+    for name, r in memory["rows"].items():
+        if "error" in r:
+            rows.append([name, "error: " + r["error"], "", ""])
+            continue
+        extra = f"XLA temp buffers {r['xla_temp_mib']:.0f} MiB" if "xla_temp_mib" in r else ""
+        if not r.get("peak_reset", True):
+            extra += " (peak could not be reset: includes building the model)"
+        rows.append([name, f"{r['peak_increase_mib']:.0f}", f"{r['seconds']:.1f}", extra])
+    out += _table(["implementation", "peak increase MiB", "call s", "notes"], rows)
+    return out
+
+
+def _compile_markdown(compile_result: dict[str, Any] | None) -> list[str]:
+    if not compile_result:
+        return []
+    if "error" in compile_result:
+        return ["## JAX compile time", "", "error: " + compile_result["error"], ""]
+    out = [
+        f"## JAX compile time: our {compile_result['preset']} model, {compile_result['shape']}, fresh process",
+        "",
+        "compile = JAX's own monitoring events: jaxpr trace + lowering to MLIR + XLA backend compile.",
+        "",
+    ]
+    rows = []
+    for c in compile_result["models"]:
+        events = ", ".join(f"{k} {v:.2f} s" for k, v in c["events"].items())
+        rows.append([c["layers"], f"{c['compile_s']:.2f}", f"{c['first_call_s']:.2f}",
+                     f"{c['later_call_s']:.2f}", events])  # fmt: skip
+    out += _table(["layers", "compile s", "first call s", "later call s", "events"], rows)
+    out += ["(The 1-layer model is compiled second, in the same process: a rough idea of how compile time "
+            "grows with depth, since the layers are unrolled.)", ""]  # fmt: skip
+    return out
+
+
+def _training_markdown(training: dict[str, Any] | None) -> list[str]:
+    if not training:
+        return []
+    if "skipped" in training:
+        return ["## Training steps", "", training["skipped"], ""]
+    out = [
+        "## Training steps: loss_and_grads (forward, loss, backward, gradients to NumPy; no optimizer update)",
+        "",
+    ]
+    rows = []
+    for r in training["rows"]:
+        for name in r["steps_per_s"]:
+            rows.append([r["size"], r["shape"], name, f"{r['steps_per_s'][name]:.1f}", _ms(r["ms_per_step"][name]),
+                         _ratio(r["ratio_to_torch"][name]), f"{r['loss'][name]:.6f}"])  # fmt: skip
+    out += _table(["size", "B x T", "backend", "steps/s", "ms/step", "time / torch's", "loss"], rows)
+    return out
+
+
+def write_json(results: dict[str, Any], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, sort_keys=False)
+
+
+def plot_sweep(sweep: dict[str, Any], path: str) -> str | None:
+    """Time against sequence length, log-log, one line per implementation; None if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install -e '.[bench]')"
+    lengths = [p["seq_len"] for p in sweep["points"]]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = {"torch": "tab:red", "nn.": "tab:red", "jax": "tab:blue", "Flax": "tab:blue", "numpy": "tab:green"}
+    for label in sweep["points"][0]["ms"]:
+        color = next((c for key, c in colors.items() if key in label), None)
+        style = "-" if label.startswith("ours") else "--"  # ours solid, the framework's own dashed
+        ax.plot(lengths, [p["ms"][label] for p in sweep["points"]], style, color=color, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(lengths, [str(t) for t in lengths])
+    ax.set_xlabel("sequence length T")
+    ax.set_ylabel("ms per forward (median)")
+    ax.set_title(f"{sweep['size']} encoder stack, batch {sweep['batch']}, float32, CPU")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
