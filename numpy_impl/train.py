@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from transformer_spec.schedules import run_steps
+
 from .optim import Adam
 from .training import loss_and_grads
 
@@ -29,9 +31,4 @@ def train(
 
     ``callback(step, loss)`` runs after each step (a progress bar, say)."""
     optimizer = Adam(model, schedule)
-    losses = []
-    for step in range(1, steps + 1):
-        losses.append(train_step(model, optimizer, batches[(step - 1) % len(batches)], label_smoothing))
-        if callback is not None:
-            callback(step, losses[-1])
-    return losses
+    return run_steps(lambda batch: train_step(model, optimizer, batch, label_smoothing), batches, steps, callback)

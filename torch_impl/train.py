@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from transformer_spec.batches import split_batch
+from transformer_spec.schedules import run_steps
 
 from .loss import cross_entropy
 from .optim import Adam
@@ -36,9 +37,4 @@ def train(
 
     ``callback(step, loss)`` runs after each step (a progress bar, say)."""
     optimizer = Adam(model, schedule)
-    losses = []
-    for step in range(1, steps + 1):
-        losses.append(train_step(model, optimizer, batches[(step - 1) % len(batches)], label_smoothing))
-        if callback is not None:
-            callback(step, losses[-1])
-    return losses
+    return run_steps(lambda batch: train_step(model, optimizer, batch, label_smoothing), batches, steps, callback)
