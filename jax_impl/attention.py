@@ -16,6 +16,7 @@ from flax import nnx
 
 from transformer_spec import Config
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
+from transformer_spec.trace import record
 
 from .layers import Linear
 from .validate import check_mask
@@ -61,7 +62,9 @@ def scaled_dot_product_attention(
         q.shape[-1]
     )  # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
     check_mask("mask", mask, scores.shape)
+    record(None, "scores", scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
+    record(None, "weights", weights)
     context = jnp.matmul(weights, v, precision=jax.lax.Precision.HIGHEST)  # (..., T_q, T_k) @ (..., T_k, d_v)
     return context, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
@@ -126,8 +129,14 @@ class MultiHeadAttention(nnx.Module):
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
         k = self.split_heads(self.w_k(key))  # (B, H, T_k, d_k)
         v = self.split_heads(self.w_v(value))  # (B, H, T_k, d_k)
+        record(self, "q", q)
+        record(self, "k", k)
+        record(self, "v", v)
         context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k), (B, H, T_q, T_k)
-        output = self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
+        context = self.merge_heads(context)  # (B, T_q, d_model)
+        record(self, "context", context)
+        output = self.w_o(context)  # (B, T_q, d_model)
+        record(self, "output", output)
         # Under jit, weights that are not returned are dead code and XLA drops them.
         return output, (weights if need_weights else None)
 

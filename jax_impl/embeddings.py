@@ -10,6 +10,7 @@ from flax import nnx
 
 from transformer_spec import Config
 from transformer_spec.checks import check_no_token_types, check_same_shape
+from transformer_spec.trace import record
 
 from .layer_norm import LayerNorm
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -70,16 +71,22 @@ class Embeddings(nnx.Module):
     ) -> jax.Array:
         check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
         x = self.token(ids)  # (B, T, d_model)
+        record(self, "token", x)
         if self.position is not None:
-            x = x + self.position(ids.shape[1], offset)[None]  # + (1, T, d_model)
+            position = self.position(ids.shape[1], offset)  # (T, d_model)
+            record(self, "position", position)
+            x = x + position[None]  # + (1, T, d_model)
         if self.token_type is not None:
             if token_type_ids is None:
                 token_type_ids = jnp.zeros_like(ids)  # (B, T)
             check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
-            x = x + self.token_type(token_type_ids)  # + (B, T, d_model)
+            token_type = self.token_type(token_type_ids)  # (B, T, d_model)
+            record(self, "token_type", token_type)
+            x = x + token_type
         elif token_type_ids is not None:
             check_no_token_types()
         if self.norm is not None:
             x = self.norm(x)  # (B, T, d_model)
+        record(self, "output", x)
         return x

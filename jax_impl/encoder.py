@@ -7,6 +7,7 @@ from flax import nnx
 
 from transformer_spec import Config
 from transformer_spec.checks import check_hidden
+from transformer_spec.trace import record
 
 from .attention import MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
@@ -35,7 +36,9 @@ class EncoderLayer(nnx.Module):
         x, weights = sublayer_connection(
             x, lambda h: self.self_attn(h, h, h, mask, need_weights), self.self_attn_norm, norm_first
         )  # (B, T, d_model), (B, H, T, T) or None
+        record(self, "after_self_attn", x)
         x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)  # (B, T, d_model)
+        record(self, "output", x)
         return x, weights
 
 

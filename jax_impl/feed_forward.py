@@ -10,6 +10,7 @@ from flax import nnx
 from jax.scipy.special import erf
 
 from transformer_spec import Config
+from transformer_spec.trace import record
 
 from .layers import Linear
 
@@ -48,4 +49,8 @@ class PositionwiseFeedForward(nnx.Module):
         self.activation = ACTIVATIONS[config.activation]  # a plain function: a static attribute to NNX
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.w_2(self.activation(self.w_1(x)))  # (B, T, d_model) -> (B, T, d_ff) -> (B, T, d_model)
+        hidden = self.activation(self.w_1(x))  # (B, T, d_model) -> (B, T, d_ff)
+        record(self, "hidden", hidden)
+        output = self.w_2(hidden)  # (B, T, d_ff) -> (B, T, d_model)
+        record(self, "output", output)
+        return output

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer_spec import Config
+from transformer_spec.trace import record
 
 
 class LayerNorm(nnx.Module):
@@ -35,4 +36,7 @@ class LayerNorm(nnx.Module):
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (..., 1), biased
         x_hat = (x - mean) / jnp.sqrt(var + self.eps)  # (..., d_model)
         y = x_hat * self.weight[...]  # (..., d_model); [...] reads the Param's array
-        return y + self.bias[...] if self.bias is not None else y  # (..., d_model)
+        if self.bias is not None:
+            y = y + self.bias[...]  # (..., d_model)
+        record(self, "output", y)
+        return y

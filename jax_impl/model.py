@@ -25,6 +25,7 @@ from flax import nnx
 
 from transformer_spec import Config, ModelOutput
 from transformer_spec.checks import check_model_kind, check_no_token_types, check_same_batch, check_same_shape
+from transformer_spec.trace import record
 
 from .decoder import Decoder
 from .embeddings import Embeddings
@@ -47,8 +48,11 @@ class Generator(nnx.Module):
 
     def __call__(self, x: jax.Array, embedding: jax.Array) -> jax.Array:
         if self.proj is None:
-            return jnp.matmul(x, embedding.T, precision=jax.lax.Precision.HIGHEST)  # (B, T, d_model) @ (d_model, V)
-        return self.proj(x)  # (B, T, V)
+            logits = jnp.matmul(x, embedding.T, precision=jax.lax.Precision.HIGHEST)  # (B, T, d_model) @ (d_model, V)
+        else:
+            logits = self.proj(x)  # (B, T, V)
+        record(self, "logits", logits)
+        return logits
 
 
 @functools.partial(jax.jit, static_argnames=("method", "return_attentions", "return_hidden_states"))
@@ -231,7 +235,9 @@ class Pooler(nnx.Module):
         self.proj = Linear(config.d_model, config.d_model, config.bias, dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return jnp.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
+        pooled = jnp.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
+        record(self, "output", pooled)
+        return pooled
 
 
 class TransformerEncoderModel(nnx.Module):

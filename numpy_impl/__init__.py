@@ -28,12 +28,15 @@ from .optim import Adam
 from .params import build_model, from_params, load_model, to_params
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
 from .sublayer import sublayer_connection
+from .trace import named_modules, trace_model
 from .train import train, train_step
 from .training import loss_and_grads
 
 BACKEND = "numpy"
 
 __all__ = [
+    "named_modules",
+    "trace_model",
     "Adam",
     "ACTIVATIONS",
     "BACKEND",

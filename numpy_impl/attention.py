@@ -9,6 +9,7 @@ import numpy as np
 
 from transformer_spec import Config
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
+from transformer_spec.trace import record
 
 from .layers import Linear, with_prefix
 from .validate import check_mask
@@ -54,7 +55,9 @@ def scaled_dot_product_attention(
     check_attention_inputs(q.shape, k.shape, v.shape)
     scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
     check_mask("mask", mask, scores.shape)
+    record(None, "scores", scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
+    record(None, "weights", weights)
     return weights @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
 
 
@@ -147,8 +150,14 @@ class MultiHeadAttention:
         k_proj, w_k_saved = self.w_k.forward_for_backward(key)  # (B, T_k, d_model)
         v_proj, w_v_saved = self.w_v.forward_for_backward(value)  # (B, T_k, d_model)
         q, k, v = self.split_heads(q_proj), self.split_heads(k_proj), self.split_heads(v_proj)  # (B, H, T, d_k)
+        record(self, "q", q)
+        record(self, "k", k)
+        record(self, "v", v)
         context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k), (B, H, T_q, T_k)
-        output, w_o_saved = self.w_o.forward_for_backward(self.merge_heads(context))  # (B, T_q, d_model)
+        context = self.merge_heads(context)  # (B, T_q, d_model)
+        record(self, "context", context)
+        output, w_o_saved = self.w_o.forward_for_backward(context)  # (B, T_q, d_model)
+        record(self, "output", output)
         saved = (w_q_saved, w_k_saved, w_v_saved, q, k, v, weights, w_o_saved)
         return (output, (weights if need_weights else None)), saved
 

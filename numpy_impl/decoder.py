@@ -8,6 +8,7 @@ import numpy as np
 
 from transformer_spec import Config
 from transformer_spec.checks import check_hidden, check_same_batch
+from transformer_spec.trace import record
 
 from .attention import KeyValueCache, MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
@@ -69,6 +70,7 @@ class DecoderLayer:
             self.self_attn_norm,
             norm_first,
         )  # (B, T_tgt, d_model)
+        record(self, "after_self_attn", x)
         cross_weights, cross_attn_saved = None, None
         if self.config.decoder_has_cross_attention:
             _check_memory(memory, x, self.config.d_model)
@@ -79,9 +81,11 @@ class DecoderLayer:
                 self.cross_attn_norm,
                 norm_first,
             )  # (B, T_tgt, d_model)
+            record(self, "after_cross_attn", x)
         (x, _), ffn_saved = sublayer_connection_for_backward(
             x, without_extra(self.ffn.forward_for_backward), self.ffn_norm, norm_first
         )  # (B, T_tgt, d_model)
+        record(self, "output", x)
         return (x, self_weights, cross_weights), (self_attn_saved, cross_attn_saved, ffn_saved)
 
     def backward(

@@ -8,6 +8,7 @@ import numpy as np
 
 from transformer_spec import Config
 from transformer_spec.checks import check_no_token_types, check_same_shape
+from transformer_spec.trace import record
 
 from .layer_norm import LayerNorm
 from .layers import with_prefix
@@ -71,9 +72,11 @@ class Embeddings:
     ) -> tuple[np.ndarray, tuple]:
         check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
         x, token_saved = self.token.forward_for_backward(ids)  # (B, T, d_model)
+        record(self, "token", x)
         position_saved = type_saved = norm_saved = None
         if self.position is not None:
             position, position_saved = self.position.forward_for_backward(ids.shape[1], offset)  # (T, d_model)
+            record(self, "position", position)
             x = x + position[None]  # + (1, T, d_model)
         if self.token_type is not None:
             if token_type_ids is None:
@@ -81,11 +84,13 @@ class Embeddings:
             check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
             token_type, type_saved = self.token_type.forward_for_backward(token_type_ids)  # (B, T, d_model)
+            record(self, "token_type", token_type)
             x = x + token_type  # + (B, T, d_model)
         elif token_type_ids is not None:
             check_no_token_types()
         if self.norm is not None:
             x, norm_saved = self.norm.forward_for_backward(x)  # (B, T, d_model)
+        record(self, "output", x)
         return x, (token_saved, position_saved, type_saved, norm_saved)
 
     def backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:

@@ -6,6 +6,7 @@ import numpy as np
 
 from transformer_spec import Config
 from transformer_spec.checks import check_hidden
+from transformer_spec.trace import record
 
 from .attention import MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
@@ -43,9 +44,11 @@ class EncoderLayer:
             self.self_attn_norm,
             norm_first,
         )  # (B, T, d_model)
+        record(self, "after_self_attn", x)
         (x, _), ffn_saved = sublayer_connection_for_backward(
             x, without_extra(self.ffn.forward_for_backward), self.ffn_norm, norm_first
         )  # (B, T, d_model)
+        record(self, "output", x)
         return (x, weights), (self_attn_saved, ffn_saved)
 
     def backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -8,6 +8,7 @@ import numpy as np
 from scipy.special import erf
 
 from transformer_spec import Config
+from transformer_spec.trace import record
 
 from .layers import Linear, with_prefix
 
@@ -67,7 +68,10 @@ class PositionwiseFeedForward:
 
     def forward_for_backward(self, x: np.ndarray) -> tuple[np.ndarray, tuple]:
         pre_activation, w_1_saved = self.w_1.forward_for_backward(x)  # (B, T, d_ff)
-        output, w_2_saved = self.w_2.forward_for_backward(self.activation(pre_activation))  # (B, T, d_model)
+        hidden = self.activation(pre_activation)  # (B, T, d_ff)
+        record(self, "hidden", hidden)
+        output, w_2_saved = self.w_2.forward_for_backward(hidden)  # (B, T, d_model)
+        record(self, "output", output)
         return output, (w_1_saved, pre_activation, w_2_saved)
 
     def backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_spec import Config
+from transformer_spec.trace import record
 
 
 class LayerNorm:
@@ -32,7 +33,10 @@ class LayerNorm:
         std = np.sqrt(var + self.eps)  # (..., 1)
         x_hat = (x - mean) / std  # (..., d_model)
         y = x_hat * self.weight  # (..., d_model)
-        return (y + self.bias if self.bias is not None else y), (x_hat, std)
+        if self.bias is not None:
+            y = y + self.bias
+        record(self, "output", y)
+        return y, (x_hat, std)
 
     def backward(
         self, saved: tuple[np.ndarray, np.ndarray], grad_output: np.ndarray

@@ -8,6 +8,7 @@ import numpy as np
 
 from transformer_spec import Config, ModelOutput
 from transformer_spec.checks import check_model_kind
+from transformer_spec.trace import record
 
 from .decoder import Decoder
 from .embeddings import Embeddings
@@ -31,8 +32,11 @@ class Generator:
 
     def forward_for_backward(self, x: np.ndarray, embedding: np.ndarray) -> tuple[np.ndarray, Any]:
         if self.proj is None:
-            return x @ embedding.T, (x, embedding)  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
-        return self.proj.forward_for_backward(x)  # (B, T, V)
+            logits, saved = x @ embedding.T, (x, embedding)  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
+        else:
+            logits, saved = self.proj.forward_for_backward(x)  # (B, T, V)
+        record(self, "logits", logits)
+        return logits, saved
 
     def backward(
         self, saved: Any, grad_output: np.ndarray
@@ -239,7 +243,9 @@ class Pooler:
         self.proj = Linear(config.d_model, config.d_model, config.bias, dtype)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return np.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
+        pooled = np.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
+        record(self, "output", pooled)
+        return pooled
 
 
 class TransformerEncoderModel:

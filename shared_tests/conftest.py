@@ -7,6 +7,10 @@ collection time, whenever JAX is installed.
 from __future__ import annotations
 
 import importlib.util
+import json
+import platform
+import shlex
+import sys
 
 import pytest
 
@@ -26,6 +30,11 @@ def pytest_addoption(parser):
         action="append",
         choices=NAMES,
         help="run the suite for this backend only (repeatable); default: every installed backend",
+    )
+    parser.addoption(
+        "--parity-json",
+        metavar="PATH",
+        help="write every test's worst measured error per check and dtype to PATH (read by python -m docs.build)",
     )
 
 
@@ -55,6 +64,7 @@ def _record_backend(request):
     params = getattr(request.node, "callspec", None)
     tolerances.current_backend["name"] = params.params.get("backend_name", "-") if params else "-"
     tolerances.current_backend["test"] = request.node.name
+    tolerances.current_backend["nodeid"] = request.node.nodeid
     tolerances.current_backend["oracle"] = getattr(request.module, "ORACLE", "numpy float64")
 
 
@@ -75,3 +85,23 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"{backend:<6} vs {oracle:<22} {dtype:<8} {error:.2e} (tolerance {tol:.0e})  at {where}"
         )
+
+
+def pytest_sessionfinish(session):
+    """With --parity-json PATH: every test's worst error per check and dtype, sorted (a stable file)."""
+    path = session.config.getoption("--parity-json")
+    if not path or hasattr(session.config, "workerinput"):  # xdist workers: only the controller writes
+        return
+    versions = {"python": platform.python_version()}
+    for name in ("numpy", "jax", "flax", "torch"):
+        if name in sys.modules:
+            versions[name] = getattr(sys.modules[name], "__version__", "?")
+    tests = [
+        {"test": test, "check": check, "dtype": dtype, "backend": backend, "reference": oracle,
+         "worst": worst, "comparisons": count, "tolerance": tolerance}
+        for (test, check, dtype), (worst, count, tolerance, backend, oracle) in sorted(tolerances.PARITY.items())
+    ]  # fmt: skip
+    command = shlex.join(["pytest", *session.config.invocation_params.args])
+    with open(path, "w", encoding="utf-8") as f:  # one test per line: a readable diff when remeasured
+        f.write(f'{{\n "command": {json.dumps(command)},\n "versions": {json.dumps(versions, sort_keys=True)},\n')
+        f.write(' "tests": [\n' + ",\n".join("  " + json.dumps(t, sort_keys=True) for t in tests) + "\n ]\n}\n")

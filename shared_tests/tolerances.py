@@ -1,41 +1,30 @@
-"""The one tolerance table of the suite, and the comparison every test uses.
+"""The suite's tolerance checks and the records of the worst errors they saw.
 
-Agreement is measured relative to the *scale* of the reference output:
-``max |got - want| <= tol * max |want|``. Per-element relative error would be
-meaningless where the reference is near zero (a softmax weight of 1e-9, a pre-norm
-residual that happens to cross zero), while a scale-relative bound says "these tensors
-agree to k significant digits of their magnitude".
-
-- float64: 1e-12. The three backends evaluate the same formulas in the same order;
-  what differs is summation order inside BLAS/XLA kernels, worth a few ulp (2.2e-16)
-  per reduction. Measured worst cases are ~1e-15; 1e-12 leaves room for deeper stacks
-  and still catches any real bug (a wrong eps, a missing bias: >= 1e-6).
-- float32: 1e-5 (about 80 ulp of 1.2e-7). The inputs and weights are the float64
-  reference's, rounded to float32; errors then grow with depth and post-norm. Measured
-  worst cases on these small configs are ~1e-6.
+The table itself, and why its numbers are what they are: ``transformer_spec.tolerances``
+(the CLI's ``trace`` holds backends to the same table).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
+from transformer_spec.tolerances import TOLERANCE, max_relative_difference  # noqa: F401 (re-exported)
 
 # Worst error seen per (backend, reference, dtype) in this run, printed at the end of the
 # session (conftest.py sets ``current_backend`` for each test; oracle modules name theirs).
 WORST: dict[tuple[str, str, str], tuple[float, str]] = {}
-current_backend = {"name": "-", "test": "", "oracle": "numpy float64"}
+current_backend = {"name": "-", "test": "", "nodeid": "", "oracle": "numpy float64"}
+
+# Every check of this run, per test, kept for ``pytest --parity-json PATH`` (conftest.py writes
+# it; the docs site shows it per component): (test node id, check, dtype) -> [worst error,
+# number of comparisons, tolerance, backend, reference].
+PARITY: dict[tuple[str, str, str], list] = {}
 
 
-def max_relative_difference(got: np.ndarray, want: np.ndarray) -> float:
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        raise AssertionError(f"shape {got.shape} != reference shape {want.shape}")
-    if not np.all(np.isfinite(got)):
-        raise AssertionError(f"non-finite values in output: {int((~np.isfinite(got)).sum())} elements")
-    scale = float(np.abs(want).max()) if want.size else 0.0
-    diff = float(np.abs(got - want).max()) if want.size else 0.0
-    return diff / scale if scale > 0 else diff
+def record_parity(check: str, dtype: str, error: float, tolerance: float) -> None:
+    key = (current_backend["nodeid"], check, str(dtype))
+    entry = PARITY.setdefault(key, [0.0, 0, tolerance, current_backend["name"], current_backend["oracle"]])
+    entry[0], entry[1] = max(entry[0], error), entry[1] + 1
 
 
 def assert_close(got, want, dtype: str, what: str = "output") -> float:
@@ -45,6 +34,7 @@ def assert_close(got, want, dtype: str, what: str = "output") -> float:
     key = (current_backend["name"], current_backend["oracle"], str(dtype))
     if error > WORST.get(key, (-1.0, ""))[0]:
         WORST[key] = (error, f"{current_backend['test']}: {what}")
+    record_parity("output", str(dtype), error, tol)
     assert error <= tol, f"{what}: max |diff| / max |reference| = {error:.3e} > {tol:.0e} ({dtype})"
     return error
 
@@ -81,7 +71,8 @@ GRADIENT_TOLERANCE = {
 GRADIENT_WORST: dict[tuple[str, str], tuple[float, str]] = {}
 
 
-def _record_gradient(check: str, error: float, what: str) -> None:
+def _record_gradient(check: str, error: float, what: str, tolerance: float) -> None:
+    record_parity(check, "float64", error, tolerance)
     key = (current_backend["name"], check)
     if error > GRADIENT_WORST.get(key, (-1.0, ""))[0]:
         GRADIENT_WORST[key] = (error, f"{current_backend['test']}: {what}")
@@ -94,7 +85,7 @@ def assert_matches_finite_differences(analytic, numeric, scale: float, what: str
     if not np.all(np.isfinite(analytic)):
         raise AssertionError(f"{what}: non-finite gradient")
     error = float(np.abs(analytic - numeric).max()) / max(scale, GRADIENT_TOLERANCE["finite_difference_floor"])
-    _record_gradient("finite differences", error, what)
+    _record_gradient("finite differences", error, what, GRADIENT_TOLERANCE["finite_difference"])
     tol = GRADIENT_TOLERANCE["finite_difference"]
     assert error <= tol, f"{what}: max |backward - finite difference| / max(|grad|, floor) = {error:.3e} > {tol:.0e}"
     return error
@@ -105,7 +96,7 @@ def assert_loss_and_gradients_match(got: tuple, want: tuple, what: str = "") -> 
     max |diff| / max(the tensor's max |grad|, parity_floor / parity * the model's max |grad|)."""
     (got_loss, got_grads), (want_loss, want_grads) = got, want
     loss_error = abs(got_loss - want_loss) / abs(want_loss)
-    _record_gradient("loss", loss_error, what)
+    _record_gradient("loss", loss_error, what, GRADIENT_TOLERANCE["loss"])
     assert loss_error <= GRADIENT_TOLERANCE["loss"], f"{what}: loss {got_loss!r} vs reference {want_loss!r}"
     assert list(got_grads) == list(want_grads), f"{what}: gradient names differ from the reference's"
     tol, floor = GRADIENT_TOLERANCE["parity"], GRADIENT_TOLERANCE["parity_floor"]
@@ -120,7 +111,7 @@ def assert_loss_and_gradients_match(got: tuple, want: tuple, what: str = "") -> 
         diff = float(np.abs(got_grad - want_grad).max())
         scale = max(float(np.abs(want_grad).max()), floor / tol * model_scale)
         error = diff / scale
-        _record_gradient("gradients", error, f"{what} {name}")
+        _record_gradient("gradients", error, f"{what} {name}", tol)
         assert error <= tol, f"{what}: {name}: max |diff| / max(|grad|, floor) = {error:.3e} > {tol:.0e}"
         worst = max(worst, error)
     return worst

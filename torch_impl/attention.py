@@ -10,6 +10,7 @@ from torch import nn
 
 from transformer_spec import Config
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
+from transformer_spec.trace import record
 
 from .layers import Linear
 from .validate import check_mask
@@ -45,7 +46,9 @@ def scaled_dot_product_attention(
     check_attention_inputs(q.shape, k.shape, v.shape)
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
     check_mask("mask", mask, tuple(scores.shape))
+    record(None, "scores", scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
+    record(None, "weights", weights)
     return weights @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
 
 
@@ -108,8 +111,14 @@ class MultiHeadAttention(nn.Module):
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
         k = self.split_heads(self.w_k(key))  # (B, H, T_k, d_k)
         v = self.split_heads(self.w_v(value))  # (B, H, T_k, d_k)
+        record(self, "q", q)
+        record(self, "k", k)
+        record(self, "v", v)
         context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k), (B, H, T_q, T_k)
-        output = self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
+        context = self.merge_heads(context)  # (B, T_q, d_model)
+        record(self, "context", context)
+        output = self.w_o(context)  # (B, T_q, d_model)
+        record(self, "output", output)
         return output, (weights if need_weights else None)
 
     # ---------------------------------------------------------------- decoding with a cache

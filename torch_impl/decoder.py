@@ -9,6 +9,7 @@ from torch import nn
 
 from transformer_spec import Config
 from transformer_spec.checks import check_hidden, check_same_batch
+from transformer_spec.trace import record
 
 from .attention import KeyValueCache, MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
@@ -57,6 +58,7 @@ class DecoderLayer(nn.Module):
         x, self_weights = sublayer_connection(
             x, lambda h: self.self_attn(h, h, h, tgt_mask, need_weights), self.self_attn_norm, norm_first
         )
+        record(self, "after_self_attn", x)
         cross_weights = None
         if self.config.decoder_has_cross_attention:
             _check_memory(memory, x, self.config.d_model)
@@ -67,7 +69,9 @@ class DecoderLayer(nn.Module):
                 self.cross_attn_norm,
                 norm_first,
             )
+            record(self, "after_cross_attn", x)
         x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)
+        record(self, "output", x)
         return x, self_weights, cross_weights
 
     def empty_cache(self, batch: int, memory: torch.Tensor | None = None) -> LayerCache:

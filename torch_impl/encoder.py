@@ -7,6 +7,7 @@ from torch import nn
 
 from transformer_spec import Config
 from transformer_spec.checks import check_hidden
+from transformer_spec.trace import record
 
 from .attention import MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
@@ -36,7 +37,9 @@ class EncoderLayer(nn.Module):
         x, weights = sublayer_connection(
             x, lambda h: self.self_attn(h, h, h, mask, need_weights), self.self_attn_norm, norm_first
         )
+        record(self, "after_self_attn", x)
         x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)
+        record(self, "output", x)
         return x, weights
 
 

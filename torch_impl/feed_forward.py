@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from transformer_spec import Config
+from transformer_spec.trace import record
 
 from .layers import Linear
 
@@ -42,4 +43,8 @@ class PositionwiseFeedForward(nn.Module):
         self.activation = ACTIVATIONS[config.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_2(self.activation(self.w_1(x)))  # (B, T, d_model) -> (B, T, d_ff) -> (B, T, d_model)
+        hidden = self.activation(self.w_1(x))  # (B, T, d_model) -> (B, T, d_ff)
+        record(self, "hidden", hidden)
+        output = self.w_2(hidden)  # (B, T, d_ff) -> (B, T, d_model)
+        record(self, "output", output)
+        return output

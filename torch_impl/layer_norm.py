@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_spec import Config
+from transformer_spec.trace import record
 
 from .layers import _torch_dtype
 
@@ -30,4 +31,6 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.d_model, dtype=_torch_dtype(dtype))) if config.bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)  # (..., d_model)
+        y = F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)  # (..., d_model)
+        record(self, "output", y)
+        return y

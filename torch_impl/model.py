@@ -7,6 +7,7 @@ from torch import nn
 
 from transformer_spec import Config, ModelOutput
 from transformer_spec.checks import check_model_kind
+from transformer_spec.trace import record
 
 from .decoder import Decoder
 from .embeddings import Embeddings
@@ -28,8 +29,11 @@ class Generator(nn.Module):
 
     def forward(self, x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
         if self.proj is None:
-            return x @ embedding.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
-        return self.proj(x)  # (B, T, V)
+            logits = x @ embedding.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
+        else:
+            logits = self.proj(x)  # (B, T, V)
+        record(self, "logits", logits)
+        return logits
 
 
 class Transformer(nn.Module):
@@ -137,7 +141,9 @@ class Pooler(nn.Module):
         self.proj = Linear(config.d_model, config.d_model, config.bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
+        pooled = torch.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
+        record(self, "output", pooled)
+        return pooled
 
 
 class TransformerEncoderModel(nn.Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import compare, embed, train
+from . import attention, compare, embed, trace, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,5 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_parser(commands)
     embed.add_parser(commands)
     train.add_parser(commands)
+    trace.add_parser(commands)
+    attention.add_parser(commands)
     args = parser.parse_args(argv)
     return args.run(args)

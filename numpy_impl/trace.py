@@ -1,0 +1,40 @@
+"""``trace_model(model, *inputs)``: every named intermediate of one forward pass, in order.
+
+The modules mark their intermediates with ``record(self, name, value)``
+(transformer_spec.trace); this file only names the modules -- their paths in the model,
+the same as the weights' names -- and runs the forward pass inside a recording.
+"""
+
+from __future__ import annotations
+
+from transformer_spec.trace import Trace, recording
+
+__all__ = ["named_modules", "trace_model"]
+
+
+def named_modules(model) -> dict[int, str]:
+    """id(module) -> its path in ``model`` ("" for the model itself, "encoder.layers.0.self_attn").
+
+    NumPy modules are plain objects: walk their attributes (and lists of layers)."""
+    names: dict[int, str] = {}
+
+    def visit(obj, path: str) -> None:
+        if isinstance(obj, list):
+            for i, item in enumerate(obj):
+                visit(item, f"{path}.{i}" if path else str(i))
+            return
+        if not type(obj).__module__.startswith(__package__) or id(obj) in names:
+            return
+        names[id(obj)] = path
+        for attr, child in vars(obj).items():
+            visit(child, f"{path}.{attr}" if path else attr)
+
+    visit(model, "")
+    return names
+
+
+def trace_model(model, *inputs, **kwargs) -> Trace:
+    """Run ``model(*inputs, **kwargs)`` once -> name -> NumPy array of every intermediate."""
+    with recording(named_modules(model)) as recorded:
+        model(*inputs, **kwargs)
+    return recorded

@@ -1,0 +1,145 @@
+"""``transformer-ref trace``: one input through one model in every installed backend,
+intermediate by intermediate.
+
+Prints every named intermediate in the order the forward pass makes it (embeddings, each
+layer's q/k/v, scores, weights, context, sub-layer outputs and norms, logits), its
+shape, and how far each backend and dtype is from the NumPy float64 reference
+(max |diff| / max |reference|, the suite's measure). It names the first intermediate
+where a backend leaves the suite's tolerance (1e-12 in float64, 1e-5 in float32): where
+two implementations diverge, the first such line is where to look.
+
+The names are the modules' paths in the model, the same as the weights' names:
+``encoder.layers.0.self_attn.scores`` is computed with ``encoder.layers.0.self_attn.w_q.weight``.
+
+Examples:
+  transformer-ref trace                                       # the tiny encoder-decoder, random ids
+  transformer-ref trace --preset minilm --text "time flies like an arrow"
+  transformer-ref trace --preset tiny --text "the cat sat"    # the toy corpus' words
+  transformer-ref trace --preset bert-base --text "time flies like an arrow" --filter layers.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+
+from transformer_spec.tolerances import TOLERANCE, max_relative_difference
+
+from .backends import NAMES, available_backends, get_backend
+from .inputs import ModelInput, add_model_arguments, describe, load_model_input
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "trace", help=__doc__.splitlines()[0], description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
+    parser.add_argument("--backends", default=",".join(NAMES), help="comma-separated (default: all installed)")
+    parser.add_argument("--filter", default="", help="print only intermediates whose name contains this")
+    parser.set_defaults(run=run)
+
+
+@dataclass
+class Row:
+    name: str
+    shape: tuple[int, ...]
+    errors: dict[str, float]  # "torch float32" -> max |diff| / max |reference|
+    over: list[str]  # the runs beyond their dtype's tolerance
+
+
+def trace_runs(model_input: ModelInput, runs: list[tuple[str, str]], progress=None) -> dict[str, dict]:
+    """Trace ``model_input`` in each (backend, dtype) run -> "backend dtype" -> name -> array."""
+    traces = {}
+    for backend_name, dtype in runs:
+        backend = get_backend(backend_name)
+        start = time.perf_counter()
+        params = {k: v.astype(dtype) for k, v in model_input.params.items()}
+        model = backend.impl.build_model(model_input.config, params)
+        traces[f"{backend_name} {dtype}"] = backend.impl.trace_model(
+            model, *[backend.asarray(x) for x in model_input.inputs]
+        )
+        if progress:
+            progress(f"{backend_name} {dtype}", time.perf_counter() - start)
+    return traces
+
+
+def compare_traces(reference: dict, traces: dict[str, dict]) -> tuple[list[Row], Row | None]:
+    """Every intermediate of ``reference`` against the same name in each trace.
+
+    -> (a row per intermediate, the first row where some run is beyond tolerance or None).
+    A name missing from a run, or a shape that differs, counts as a divergence (error inf)."""
+    rows, first = [], None
+    for name, want in reference.items():
+        errors, over = {}, []
+        for label, trace in traces.items():
+            got = trace.get(name)
+            try:
+                error = max_relative_difference(got, want) if got is not None else float("inf")
+            except AssertionError:  # another shape, or NaN/inf
+                error = float("inf")
+            errors[label] = error
+            if error > TOLERANCE[label.split()[-1]]:
+                over.append(label)
+        row = Row(name, tuple(want.shape), errors, over)
+        rows.append(row)
+        if over and first is None:
+            first = row
+    return rows, first
+
+
+def run(args: argparse.Namespace) -> int:
+    model_input = load_model_input(args)
+    wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = sorted(set(wanted) - set(NAMES))
+    if unknown:
+        raise SystemExit(f"unknown backends {unknown}; expected some of {list(NAMES)}")
+    installed = available_backends()
+    dtypes = ["float64", "float32"] if args.dtype == "both" else [args.dtype]
+    runs = [(b, d) for b in wanted if b in installed for d in dtypes]
+    print(describe(model_input))
+    for tokens in model_input.tokens:
+        print(f"input: {' '.join(tokens)}  ({len(tokens)} tokens)")
+    skipped = [b for b in wanted if b not in installed]
+    if skipped:
+        print(f"not installed (skipped): {', '.join(skipped)}")
+
+    def progress(label: str, seconds: float) -> None:
+        print(f"  traced {label} ({seconds:.2f} s)", file=sys.stderr, flush=True)
+
+    print("tracing the NumPy float64 reference, then each backend (eagerly: JAX runs op by op)", file=sys.stderr)
+    traces = trace_runs(model_input, [("numpy", "float64")], progress)
+    reference = traces["numpy float64"]
+    traces = {label: trace for label, trace in traces.items() if ("numpy", "float64") in runs} | trace_runs(
+        model_input, [run for run in runs if run != ("numpy", "float64")], progress
+    )
+    rows, first = compare_traces(reference, traces)
+
+    labels = list(traces)
+    width = max(len(r.name) for r in rows) + 2
+    print(f"\nmax |diff| / max |reference| against NumPy float64 ('!' = beyond tolerance: {_tolerances(dtypes)})\n")
+    header = f"{'intermediate':<{width}}{'shape':<20}" + "".join(f"{label:>15}" for label in labels)
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        if args.filter and args.filter not in row.name:
+            continue
+        cells = "".join(f"{_cell(row.errors[label], label in row.over):>15}" for label in labels)
+        print(f"{row.name:<{width}}{str(row.shape):<20}{cells}")
+    print()
+    if first is None:
+        print(f"all {len(rows)} intermediates agree within tolerance in {', '.join(labels)}")
+        return 0
+    worst = ", ".join(f"{label} {first.errors[label]:.2e}" for label in first.over)
+    print(f"first divergence: {first.name} {first.shape}: {worst}")
+    return 1
+
+
+def _cell(error: float, over: bool) -> str:
+    return ("missing" if error == float("inf") else f"{error:.2e}") + ("!" if over else " ")
+
+
+def _tolerances(dtypes: list[str]) -> str:
+    return ", ".join(f"{TOLERANCE[d]:.0e} in {d}" for d in dtypes)

@@ -1,0 +1,83 @@
+"""Named intermediates: what ``transformer-ref trace`` prints and the docs' walkthrough shows.
+
+Every backend's modules mark their intermediates with one line each,
+``record(self, "scores", scores)``. Outside a recording that call returns at once (and
+inside ``jax.jit`` it is a Python no-op at trace time), so the model code pays nothing.
+Inside ``with recording(names) as trace:`` each call stores a NumPy copy of the value
+under its full name, the module's path in the model plus the local name:
+``encoder.layers.0.self_attn.scores``. The paths are the same as the weights' names in
+``transformer_spec.param_schema``, so the two read alike. A free function called by a
+module (``scaled_dot_product_attention`` by ``MultiHeadAttention``) records with
+``module=None``: its values go under the path of the module that recorded last.
+
+``names`` maps ``id(module) -> path``; each backend's ``trace.py`` builds it from its own
+module tree (``nn.Module.named_modules``, ``nnx.iter_graph``, attributes in NumPy).
+
+A module called twice in one recording (none is, in one forward pass) gets ``#2``,
+``#3`` ... after its later names, so nothing is overwritten silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import numpy as np
+
+__all__ = ["Trace", "record", "recording"]
+
+
+class Trace(dict):
+    """name -> np.ndarray, in the order the forward pass produced them."""
+
+
+_active: list[tuple[Mapping[int, str], Trace, list[str]]] = []  # the recording in progress, if any
+
+
+def record(module: object | None, name: str, value) -> None:
+    """Store ``value`` as ``<path of module>.<name>`` if a recording is in progress.
+
+    ``module=None``: under the path of the module that recorded last."""
+    if not _active:
+        return
+    names, trace, last_path = _active[-1]
+    if "Tracer" in type(value).__name__:  # inside jax.jit: no values yet, and the modules are copies
+        raise TypeError(
+            f"trace: {name} has no concrete value ({type(value).__name__}); record eagerly "
+            "(in JAX, the model's ``forward``, not its jit-compiled ``__call__``)"
+        )
+    if module is None:
+        if not last_path:
+            raise KeyError(f"record(None, {name!r}): no module has recorded yet to attribute it to")
+        path = last_path[0]
+    else:
+        path = names.get(id(module))
+        if path is None:
+            raise KeyError(
+                f"record({type(module).__name__}, {name!r}): this module is not part of the model being traced"
+            )
+        last_path[:] = [path]
+    key = f"{path}.{name}" if path else name
+    if key in trace:
+        n = 2
+        while f"{key}#{n}" in trace:
+            n += 1
+        key = f"{key}#{n}"
+    trace[key] = _to_numpy(value)
+
+
+def _to_numpy(value) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor: leave the autograd graph and the device
+        value = value.detach().cpu().numpy()
+    return np.array(value)  # a copy: later in-place updates must not change the record
+
+
+@contextmanager
+def recording(names: Mapping[int, str]) -> Iterator[Trace]:
+    """Record every ``record(module, ...)`` call of the modules in ``names`` (id -> path)."""
+    trace = Trace()
+    _active.append((names, trace, []))
+    try:
+        yield trace
+    finally:
+        _active.pop()
