@@ -18,7 +18,7 @@ from transformer_spec import Config
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
 from transformer_spec.trace import record
 
-from .layers import Linear
+from .layers import Dropout, Linear
 from .validate import check_mask
 
 
@@ -45,7 +45,11 @@ def masked_softmax(scores: jax.Array, mask: jax.Array | None) -> jax.Array:
 
 
 def scaled_dot_product_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None = None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array | None = None,
+    dropout: Dropout | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """softmax(q k^T / sqrt(d_k)) v -> (context (..., T_q, d_v), weights (..., T_q, T_k)).
 
@@ -56,6 +60,9 @@ def scaled_dot_product_attention(
 
     ``precision=HIGHEST``: on GPU/TPU, JAX may otherwise run a float32 matmul as
     TF32/bf16 passes, far less precise than the NumPy reference.
+
+    ``dropout`` (active in training mode only) drops whole query-key links from the
+    weights before they average v; the returned weights are the softmax's, before it.
     """
     check_attention_inputs(q.shape, k.shape, v.shape)
     scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=jax.lax.Precision.HIGHEST) / math.sqrt(
@@ -65,7 +72,8 @@ def scaled_dot_product_attention(
     record(None, "scores", scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
     record(None, "weights", weights)
-    context = jnp.matmul(weights, v, precision=jax.lax.Precision.HIGHEST)  # (..., T_q, T_k) @ (..., T_k, d_v)
+    used = weights if dropout is None else dropout(weights)  # (..., T_q, T_k)
+    context = jnp.matmul(used, v, precision=jax.lax.Precision.HIGHEST)  # (..., T_q, T_k) @ (..., T_k, d_v)
     return context, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 
@@ -105,6 +113,7 @@ class MultiHeadAttention(nnx.Module):
         self.w_k = Linear(config.d_model, config.d_model, config.bias, dtype)
         self.w_v = Linear(config.d_model, config.d_model, config.bias, dtype)
         self.w_o = Linear(config.d_model, config.d_model, config.bias, dtype)
+        self.dropout = Dropout(config.dropout)  # on the attention weights
 
     def split_heads(self, x: jax.Array) -> jax.Array:
         batch, seq_len, _ = x.shape
@@ -132,7 +141,7 @@ class MultiHeadAttention(nnx.Module):
         record(self, "q", q)
         record(self, "k", k)
         record(self, "v", v)
-        context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k), (B, H, T_q, T_k)
+        context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k), weights
         context = self.merge_heads(context)  # (B, T_q, d_model)
         record(self, "context", context)
         output = self.w_o(context)  # (B, T_q, d_model)

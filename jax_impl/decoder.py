@@ -14,6 +14,7 @@ from transformer_spec.trace import record
 from .attention import KeyValueCache, MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
 from .layer_norm import LayerNorm
+from .layers import Dropout
 from .sublayer import sublayer_connection
 
 
@@ -36,11 +37,14 @@ class DecoderLayer(nnx.Module):
         self.config = config
         self.self_attn = MultiHeadAttention(config, dtype)
         self.self_attn_norm = LayerNorm(config, dtype)
+        self.self_attn_dropout = Dropout(config.dropout)  # on each sub-layer's output
         if config.decoder_has_cross_attention:
             self.cross_attn = MultiHeadAttention(config, dtype)
             self.cross_attn_norm = LayerNorm(config, dtype)
+            self.cross_attn_dropout = Dropout(config.dropout)
         self.ffn = PositionwiseFeedForward(config, dtype)
         self.ffn_norm = LayerNorm(config, dtype)
+        self.ffn_dropout = Dropout(config.dropout)
 
     def __call__(
         self,
@@ -55,7 +59,11 @@ class DecoderLayer(nnx.Module):
         check_hidden("x", x.shape, self.config.d_model)
         norm_first = self.config.norm_first
         x, self_weights = sublayer_connection(
-            x, lambda h: self.self_attn(h, h, h, tgt_mask, need_weights), self.self_attn_norm, norm_first
+            x,
+            lambda h: self.self_attn(h, h, h, tgt_mask, need_weights),
+            self.self_attn_norm,
+            norm_first,
+            self.self_attn_dropout,
         )  # (B, T_tgt, d_model), (B, H, T_tgt, T_tgt) or None
         record(self, "after_self_attn", x)
         cross_weights = None
@@ -67,9 +75,12 @@ class DecoderLayer(nnx.Module):
                 lambda h: self.cross_attn(h, memory, memory, memory_mask, need_weights),
                 self.cross_attn_norm,
                 norm_first,
+                self.cross_attn_dropout,
             )  # (B, T_tgt, d_model), (B, H, T_tgt, T_src) or None
             record(self, "after_cross_attn", x)
-        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)  # (B, T_tgt, d_model)
+        x, _ = sublayer_connection(
+            x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout
+        )  # (B, T_tgt, d_model)
         record(self, "output", x)
         return x, self_weights, cross_weights
 
@@ -102,7 +113,9 @@ class DecoderLayer(nnx.Module):
             self_cache = self.self_attn.extend_cache(cache.self_attn, h, position)  # (B, H, T_cache, d_k) each
             return self.self_attn.attend(h, self_cache, tgt_mask), self_cache  # (B, T_new, d_model)
 
-        x, self_cache = sublayer_connection(x, self_attention, self.self_attn_norm, norm_first)  # (B, T_new, d_model)
+        x, self_cache = sublayer_connection(
+            x, self_attention, self.self_attn_norm, norm_first, self.self_attn_dropout
+        )  # (B, T_new, d_model)
         if self.config.decoder_has_cross_attention:
             # the new queries over the memory's keys and values, projected once in ``empty_cache``
             x, _ = sublayer_connection(
@@ -110,8 +123,11 @@ class DecoderLayer(nnx.Module):
                 lambda h: (self.cross_attn.attend(h, cache.cross_attn, memory_mask), None),
                 self.cross_attn_norm,
                 norm_first,
+                self.cross_attn_dropout,
             )  # (B, T_new, d_model)
-        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)  # (B, T_new, d_model)
+        x, _ = sublayer_connection(
+            x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout
+        )  # (B, T_new, d_model)
         return x, LayerCache(self_cache, cache.cross_attn)
 
 
@@ -146,7 +162,8 @@ class Decoder(nnx.Module):
         for layer in self.layers:
             # (B, T_tgt, d_model), (B, H, T_tgt, T_tgt) or None, (B, H, T_tgt, T_src) or None
             x, self_weights, cross_weights = layer(x, memory, tgt_mask, memory_mask, need_weights)
-            hidden_states.append(x)
+            if need_hidden_states:  # else each layer's output is freed once the next layer has used it
+                hidden_states.append(x)
             self_attentions.append(self_weights)
             cross_attentions.append(cross_weights)
         if self.norm is not None:

@@ -13,6 +13,7 @@ from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
 from .layer_norm import LayerNorm
+from .layers import Dropout
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .validate import check_token_ids
 
@@ -65,6 +66,7 @@ class Embeddings(nnx.Module):
             TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
         )
         self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
+        self.dropout = Dropout(config.dropout)
 
     def __call__(
         self, ids: jax.Array, token_type_ids: jax.Array | None = None, offset: int | jax.Array = 0
@@ -88,5 +90,6 @@ class Embeddings(nnx.Module):
             check_no_token_types()
         if self.norm is not None:
             x = self.norm(x)  # (B, T, d_model)
+        x = self.dropout(x)  # (B, T, d_model)
         record(self, "output", x)
         return x

@@ -12,6 +12,7 @@ from transformer_spec.trace import record
 from .attention import MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
 from .layer_norm import LayerNorm
+from .layers import Dropout
 from .sublayer import sublayer_connection
 
 
@@ -26,6 +27,8 @@ class EncoderLayer(nnx.Module):
         self.self_attn_norm = LayerNorm(config, dtype)
         self.ffn = PositionwiseFeedForward(config, dtype)
         self.ffn_norm = LayerNorm(config, dtype)
+        self.self_attn_dropout = Dropout(config.dropout)  # on each sub-layer's output
+        self.ffn_dropout = Dropout(config.dropout)
 
     def __call__(
         self, x: jax.Array, mask: jax.Array | None = None, need_weights: bool = False
@@ -34,10 +37,16 @@ class EncoderLayer(nnx.Module):
         check_hidden("x", x.shape, self.config.d_model)
         norm_first = self.config.norm_first
         x, weights = sublayer_connection(
-            x, lambda h: self.self_attn(h, h, h, mask, need_weights), self.self_attn_norm, norm_first
+            x,
+            lambda h: self.self_attn(h, h, h, mask, need_weights),
+            self.self_attn_norm,
+            norm_first,
+            self.self_attn_dropout,
         )  # (B, T, d_model), (B, H, T, T) or None
         record(self, "after_self_attn", x)
-        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)  # (B, T, d_model)
+        x, _ = sublayer_connection(
+            x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout
+        )  # (B, T, d_model)
         record(self, "output", x)
         return x, weights
 
@@ -68,7 +77,8 @@ class Encoder(nnx.Module):
         hidden_states, attentions = [x], []
         for layer in self.layers:
             x, weights = layer(x, mask, need_weights)  # (B, T, d_model), (B, H, T, T) or None
-            hidden_states.append(x)
+            if need_hidden_states:  # else each layer's output is freed once the next layer has used it
+                hidden_states.append(x)
             attentions.append(weights)
         if self.norm is not None:
             x = self.norm(x)  # (B, T, d_model)

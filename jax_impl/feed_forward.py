@@ -12,7 +12,7 @@ from jax.scipy.special import erf
 from transformer_spec import Config
 from transformer_spec.trace import record
 
-from .layers import Linear
+from .layers import Dropout, Linear
 
 
 def relu(x: jax.Array) -> jax.Array:
@@ -47,10 +47,11 @@ class PositionwiseFeedForward(nnx.Module):
         self.w_1 = Linear(config.d_model, config.d_ff, config.bias, dtype)
         self.w_2 = Linear(config.d_ff, config.d_model, config.bias, dtype)
         self.activation = ACTIVATIONS[config.activation]  # a plain function: a static attribute to NNX
+        self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def __call__(self, x: jax.Array) -> jax.Array:
         hidden = self.activation(self.w_1(x))  # (B, T, d_model) -> (B, T, d_ff)
         record(self, "hidden", hidden)
-        output = self.w_2(hidden)  # (B, T, d_ff) -> (B, T, d_model)
+        output = self.w_2(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, d_model)
         record(self, "output", output)
         return output

@@ -11,6 +11,7 @@ canonical ``weight`` (torch's ``weight`` is [out, in]) -- so nothing is transpos
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 
@@ -37,4 +38,46 @@ def Linear(d_in: int, d_out: int, bias: bool = True, dtype: str = "float32") -> 
         precision=jax.lax.Precision.HIGHEST,
         kernel_init=nnx.initializers.zeros,
         rngs=nnx.Rngs(0),
+    )
+
+
+class Dropout(nnx.Module):
+    """In training mode, zero each element with probability ``rate`` and scale the rest by
+    1 / (1 - rate) ("inverted dropout"); in inference mode: the identity.
+
+    NNX's ``model.train()`` and ``model.eval()`` set ``deterministic`` on every module that
+    has it (as on ``nnx.Dropout``). The mask comes from ``self.rngs``, an ``nnx.RngStream``:
+    a key and a counter that advances on each call. The counter is state that NNX must
+    carry out of a compiled function: under ``nnx.jit`` it does; under plain ``jax.jit``
+    the update is lost and every call would draw the same mask (the model's ``__call__``
+    switches to ``nnx.jit`` while dropout is active for that reason).
+    ``seed_dropout`` gives every Dropout of a model its own stream, forked from one seed.
+    """
+
+    def __init__(self, rate: float):
+        self.rate = rate
+        self.deterministic = False  # as a new nnx.Dropout: training mode
+        self.rngs = nnx.Rngs(dropout=0).dropout  # replaced by seed_dropout
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.deterministic or self.rate == 0:
+            return x
+        keep = jax.random.bernoulli(self.rngs(), 1.0 - self.rate, x.shape)  # True with probability 1 - rate
+        return jnp.where(keep, x / (1.0 - self.rate), 0.0).astype(x.dtype)  # (...,) like x
+
+
+def seed_dropout(model: nnx.Module, seed: int) -> None:
+    """Give every Dropout in ``model`` its own random stream, all forked from ``seed``: the
+    same seed gives the same masks, and no two layers share a mask."""
+    root = nnx.Rngs(dropout=seed).dropout
+    for _, module in nnx.iter_graph(model):
+        if isinstance(module, Dropout):
+            module.rngs = root.fork()
+
+
+def dropout_active(model: nnx.Module) -> bool:
+    """Whether a call of ``model`` draws dropout masks (and so changes its random state)."""
+    return any(
+        isinstance(module, Dropout) and not module.deterministic and module.rate > 0
+        for _, module in nnx.iter_graph(model)
     )

@@ -16,7 +16,6 @@ dtype error raised inside would name the converted dtype, not the caller's.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -30,7 +29,7 @@ from transformer_spec.trace import record
 from .decoder import Decoder
 from .embeddings import Embeddings
 from .encoder import Encoder
-from .layers import Linear
+from .layers import Linear, dropout_active, seed_dropout
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
 from .validate import check_mask, check_token_ids
 
@@ -55,7 +54,17 @@ class Generator(nnx.Module):
         return logits
 
 
-@functools.partial(jax.jit, static_argnames=("method", "return_attentions", "return_hidden_states"))
+def _call_method(
+    model: nnx.Module, method: str, inputs: tuple, return_attentions: bool, return_hidden_states: bool
+) -> dict[str, Any]:
+    return getattr(model, method)(*inputs, return_attentions, return_hidden_states)
+
+
+_STATIC = ("method", "return_attentions", "return_hidden_states")
+_plain_jit_call = jax.jit(_call_method, static_argnames=_STATIC)
+_nnx_jit_call = nnx.jit(_call_method, static_argnames=_STATIC)
+
+
 def _jit_forward(
     model: nnx.Module,
     method: str,
@@ -71,8 +80,14 @@ def _jit_forward(
     Nones (None is an empty pytree node, so "no mask" and "a mask" compile separately).
     Plain ``jax.jit`` flattens the module in about a millisecond per call; ``nnx.jit``
     or an explicit ``nnx.split``/``nnx.merge`` walk the module graph and cost ~10x that.
+
+    But plain ``jax.jit`` returns only its outputs: state the call changes inside the
+    module is dropped. With dropout active (training mode, rate > 0) each call advances
+    the dropout streams' counters, and under plain ``jax.jit`` every call would draw the
+    same masks; ``nnx.jit`` writes the new counters back into the module.
     """
-    return getattr(model, method)(*inputs, return_attentions, return_hidden_states)
+    call = _nnx_jit_call if model.config.dropout > 0 and dropout_active(model) else _plain_jit_call
+    return call(model, method, inputs, return_attentions, return_hidden_states)
 
 
 class Transformer(nnx.Module):
@@ -88,6 +103,7 @@ class Transformer(nnx.Module):
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
+        seed_dropout(self, 0)  # every Dropout its own random stream (they would otherwise all start alike)
 
     def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights.
@@ -184,6 +200,7 @@ class TransformerLM(nnx.Module):
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
+        seed_dropout(self, 0)  # every Dropout its own random stream (they would otherwise all start alike)
 
     def __call__(
         self,
@@ -251,6 +268,7 @@ class TransformerEncoderModel(nnx.Module):
         self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
         self.encoder = Encoder(config, dtype)
         self.pooler = Pooler(config, dtype) if config.pooler else None
+        seed_dropout(self, 0)  # every Dropout its own random stream (they would otherwise all start alike)
 
     def __call__(
         self,

@@ -71,8 +71,11 @@ def to_params(module: Any) -> dict[str, np.ndarray]:
 
 
 def build_model(config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:
-    """The model class that ``config.kind`` names, loaded with ``params``."""
-    return from_params(MODEL_CLASSES[config.kind], config, params, dtype)
+    """The model class that ``config.kind`` names, loaded with ``params``, in inference mode
+    (dropout off, as a pretrained model loads; ``model.train()`` switches it on)."""
+    model = from_params(MODEL_CLASSES[config.kind], config, params, dtype)
+    model.eval()  # (torch's eval returns the model, NNX's returns None)
+    return model
 
 
 def load_model(path: str, dtype: str | None = None) -> Any:

@@ -20,7 +20,7 @@ from .encoder import Encoder, EncoderLayer
 from .feed_forward import ACTIVATIONS, PositionwiseFeedForward, gelu, gelu_tanh, relu
 from .generate import beam, greedy, make_stepper
 from .layer_norm import LayerNorm
-from .layers import Linear
+from .layers import Dropout, Linear, seed_dropout
 from .loss import cross_entropy
 from .masks import make_causal_mask, make_cross_attention_mask, make_decoder_mask, make_padding_mask
 from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM
@@ -35,6 +35,8 @@ from .training import loss_and_grads
 BACKEND = "numpy"
 
 __all__ = [
+    "Dropout",
+    "seed_dropout",
     "named_modules",
     "trace_model",
     "Adam",

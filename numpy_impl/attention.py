@@ -11,7 +11,7 @@ from transformer_spec import Config
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
 from transformer_spec.trace import record
 
-from .layers import Linear, with_prefix
+from .layers import Dropout, Linear, Module, with_prefix
 from .validate import check_mask
 
 
@@ -44,25 +44,50 @@ def masked_softmax_backward(weights: np.ndarray, grad_weights: np.ndarray) -> np
 
 
 def scaled_dot_product_attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    mask: np.ndarray | None = None,
+    dropout: Dropout | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """softmax(q k^T / sqrt(d_k)) v -> (context (..., T_q, d_v), weights (..., T_q, T_k)).
 
     Dividing by sqrt(d_k) keeps the scores' variance near 1 when q and k have unit
     variance entries, so the softmax does not saturate (section 3.2.1). It is d_k, the
     per-head size, not d_model.
+
+    ``dropout`` (active in training mode only) drops whole query-key links from the
+    weights before they average v; the returned weights are the softmax's, before it.
     """
+    context, weights, _ = scaled_dot_product_attention_for_backward(q, k, v, mask, dropout)
+    return context, weights
+
+
+def scaled_dot_product_attention_for_backward(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    mask: np.ndarray | None = None,
+    dropout: Dropout | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``scaled_dot_product_attention`` that also returns the dropout multiplier it used (or None)."""
     check_attention_inputs(q.shape, k.shape, v.shape)
     scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
     check_mask("mask", mask, scores.shape)
     record(None, "scores", scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
     record(None, "weights", weights)
-    return weights @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+    used, dropout_mask = (weights, None) if dropout is None else dropout.forward_for_backward(weights)
+    return used @ v, weights, dropout_mask  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
 
 
 def scaled_dot_product_attention_backward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.ndarray, grad_context: np.ndarray
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    weights: np.ndarray,
+    grad_context: np.ndarray,
+    dropout_mask: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """grad_context (..., T_q, d_v) -> grad_q (..., T_q, d_k), grad_k (..., T_k, d_k), grad_v (..., T_k, d_v).
 
@@ -70,9 +95,11 @@ def scaled_dot_product_attention_backward(
     masked keys), so the backward needs no mask.
     """
     scale = math.sqrt(q.shape[-1])
-    # context = weights @ v
-    grad_weights = grad_context @ np.swapaxes(v, -1, -2)  # (..., T_q, d_v) @ (..., d_v, T_k) -> (..., T_q, T_k)
-    grad_v = np.swapaxes(weights, -1, -2) @ grad_context  # (..., T_k, T_q) @ (..., T_q, d_v) -> (..., T_k, d_v)
+    # context = used @ v, used = weights * dropout_mask (or the weights themselves)
+    used = weights if dropout_mask is None else weights * dropout_mask  # (..., T_q, T_k)
+    grad_used = grad_context @ np.swapaxes(v, -1, -2)  # (..., T_q, d_v) @ (..., d_v, T_k) -> (..., T_q, T_k)
+    grad_v = np.swapaxes(used, -1, -2) @ grad_context  # (..., T_k, T_q) @ (..., T_q, d_v) -> (..., T_k, d_v)
+    grad_weights = grad_used if dropout_mask is None else grad_used * dropout_mask  # (..., T_q, T_k)
     # weights = masked_softmax(scores)
     grad_scores = masked_softmax_backward(weights, grad_weights)  # (..., T_q, T_k)
     # scores = q @ k^T / sqrt(d_k)
@@ -103,7 +130,7 @@ def append_to_cache(cached: np.ndarray, new: np.ndarray, position: int, axis: in
     return np.concatenate([cached, new], axis=axis)  # (..., position + T_new, ...)
 
 
-class MultiHeadAttention:
+class MultiHeadAttention(Module):
     """h heads in one set of matrices: project, split into heads, attend, merge, project."""
 
     schema = "attention"
@@ -115,6 +142,7 @@ class MultiHeadAttention:
         self.w_k = Linear(config.d_model, config.d_model, config.bias, dtype)
         self.w_v = Linear(config.d_model, config.d_model, config.bias, dtype)
         self.w_o = Linear(config.d_model, config.d_model, config.bias, dtype)
+        self.dropout = Dropout(config.dropout)  # on the attention weights
 
     def split_heads(self, x: np.ndarray) -> np.ndarray:
         batch, seq_len, _ = x.shape
@@ -153,12 +181,13 @@ class MultiHeadAttention:
         record(self, "q", q)
         record(self, "k", k)
         record(self, "v", v)
-        context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k), (B, H, T_q, T_k)
+        context, weights, dropout_mask = scaled_dot_product_attention_for_backward(q, k, v, mask, self.dropout)
+        # (B, H, T_q, d_k), (B, H, T_q, T_k), the dropout multiplier (B, H, T_q, T_k) or None
         context = self.merge_heads(context)  # (B, T_q, d_model)
         record(self, "context", context)
         output, w_o_saved = self.w_o.forward_for_backward(context)  # (B, T_q, d_model)
         record(self, "output", output)
-        saved = (w_q_saved, w_k_saved, w_v_saved, q, k, v, weights, w_o_saved)
+        saved = (w_q_saved, w_k_saved, w_v_saved, q, k, v, weights, dropout_mask, w_o_saved)
         return (output, (weights if need_weights else None)), saved
 
     def backward(
@@ -167,11 +196,11 @@ class MultiHeadAttention:
         """grad_output (B, T_q, d_model) -> (grad_query, grad_key, grad_value), grads of w_q, w_k, w_v, w_o.
 
         Only the output is differentiated: the returned attention weights are a read-out."""
-        w_q_saved, w_k_saved, w_v_saved, q, k, v, weights, w_o_saved = saved
+        w_q_saved, w_k_saved, w_v_saved, q, k, v, weights, dropout_mask, w_o_saved = saved
         grad_merged, w_o_grads = self.w_o.backward(w_o_saved, grad_output)  # (B, T_q, d_model)
         # merge_heads only moves numbers around: its backward is its inverse, split_heads
         grad_context = self.split_heads(grad_merged)  # (B, H, T_q, d_k)
-        grad_q, grad_k, grad_v = scaled_dot_product_attention_backward(q, k, v, weights, grad_context)
+        grad_q, grad_k, grad_v = scaled_dot_product_attention_backward(q, k, v, weights, grad_context, dropout_mask)
         # and split_heads' backward is merge_heads
         grad_query, w_q_grads = self.w_q.backward(w_q_saved, self.merge_heads(grad_q))  # (B, T_q, d_model)
         grad_key, w_k_grads = self.w_k.backward(w_k_saved, self.merge_heads(grad_k))  # (B, T_k, d_model)

@@ -13,7 +13,7 @@ from transformer_spec.trace import record
 from .attention import KeyValueCache, MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
 from .layer_norm import LayerNorm
-from .layers import with_prefix
+from .layers import Dropout, Module, with_prefix
 from .sublayer import sublayer_connection, sublayer_connection_backward, sublayer_connection_for_backward, without_extra
 
 
@@ -24,7 +24,7 @@ class LayerCache(NamedTuple):
     cross_attn: KeyValueCache | None  # of the memory, computed once: (B, H, T_src, d_k); None when decoder-only
 
 
-class DecoderLayer:
+class DecoderLayer(Module):
     """Masked self-attention, cross-attention over the encoder's memory, feed-forward.
 
     A decoder-only model (``kind="decoder_only"``) has no memory and no cross-attention.
@@ -36,11 +36,14 @@ class DecoderLayer:
         self.config = config
         self.self_attn = MultiHeadAttention(config, dtype)
         self.self_attn_norm = LayerNorm(config, dtype)
+        self.self_attn_dropout = Dropout(config.dropout)  # on each sub-layer's output
         if config.decoder_has_cross_attention:
             self.cross_attn = MultiHeadAttention(config, dtype)
             self.cross_attn_norm = LayerNorm(config, dtype)
+            self.cross_attn_dropout = Dropout(config.dropout)
         self.ffn = PositionwiseFeedForward(config, dtype)
         self.ffn_norm = LayerNorm(config, dtype)
+        self.ffn_dropout = Dropout(config.dropout)
 
     def __call__(
         self,
@@ -69,6 +72,7 @@ class DecoderLayer:
             lambda h: self.self_attn.forward_for_backward(h, h, h, tgt_mask, need_weights),
             self.self_attn_norm,
             norm_first,
+            self.self_attn_dropout,
         )  # (B, T_tgt, d_model)
         record(self, "after_self_attn", x)
         cross_weights, cross_attn_saved = None, None
@@ -80,10 +84,11 @@ class DecoderLayer:
                 lambda h: self.cross_attn.forward_for_backward(h, memory, memory, memory_mask, need_weights),
                 self.cross_attn_norm,
                 norm_first,
+                self.cross_attn_dropout,
             )  # (B, T_tgt, d_model)
             record(self, "after_cross_attn", x)
         (x, _), ffn_saved = sublayer_connection_for_backward(
-            x, without_extra(self.ffn.forward_for_backward), self.ffn_norm, norm_first
+            x, without_extra(self.ffn.forward_for_backward), self.ffn_norm, norm_first, self.ffn_dropout
         )  # (B, T_tgt, d_model)
         record(self, "output", x)
         return (x, self_weights, cross_weights), (self_attn_saved, cross_attn_saved, ffn_saved)
@@ -96,17 +101,27 @@ class DecoderLayer:
         self_attn_saved, cross_attn_saved, ffn_saved = saved
         norm_first = self.config.norm_first
         grad_x, ffn_norm_grads, ffn_grads = sublayer_connection_backward(
-            ffn_saved, grad_output, self.ffn.backward, self.ffn_norm, norm_first
+            ffn_saved, grad_output, self.ffn.backward, self.ffn_norm, norm_first, self.ffn_dropout
         )  # (B, T_tgt, d_model)
         grads = with_prefix("ffn", ffn_grads) | with_prefix("ffn_norm", ffn_norm_grads)
         grad_memory = None
         if self.config.decoder_has_cross_attention:
             grad_x, cross_attn_norm_grads, (cross_attn_grads, grad_memory) = sublayer_connection_backward(
-                cross_attn_saved, grad_x, self._cross_attention_backward, self.cross_attn_norm, norm_first
+                cross_attn_saved,
+                grad_x,
+                self._cross_attention_backward,
+                self.cross_attn_norm,
+                norm_first,
+                self.cross_attn_dropout,
             )  # (B, T_tgt, d_model)
             grads |= with_prefix("cross_attn", cross_attn_grads) | with_prefix("cross_attn_norm", cross_attn_norm_grads)
         grad_x, self_attn_norm_grads, self_attn_grads = sublayer_connection_backward(
-            self_attn_saved, grad_x, self.self_attn.self_attention_backward, self.self_attn_norm, norm_first
+            self_attn_saved,
+            grad_x,
+            self.self_attn.self_attention_backward,
+            self.self_attn_norm,
+            norm_first,
+            self.self_attn_dropout,
         )  # (B, T_tgt, d_model)
         grads |= with_prefix("self_attn", self_attn_grads) | with_prefix("self_attn_norm", self_attn_norm_grads)
         return (grad_x, grad_memory), grads
@@ -140,7 +155,9 @@ class DecoderLayer:
             self_cache = self.self_attn.extend_cache(cache.self_attn, h, position)  # (B, H, T_cache, d_k) each
             return self.self_attn.attend(h, self_cache, tgt_mask), self_cache  # (B, T_new, d_model)
 
-        x, self_cache = sublayer_connection(x, self_attention, self.self_attn_norm, norm_first)  # (B, T_new, d_model)
+        x, self_cache = sublayer_connection(
+            x, self_attention, self.self_attn_norm, norm_first, self.self_attn_dropout
+        )  # (B, T_new, d_model)
         if self.config.decoder_has_cross_attention:
             # the new queries over the memory's keys and values, projected once in ``empty_cache``
             x, _ = sublayer_connection(
@@ -148,8 +165,11 @@ class DecoderLayer:
                 lambda h: (self.cross_attn.attend(h, cache.cross_attn, memory_mask), None),
                 self.cross_attn_norm,
                 norm_first,
+                self.cross_attn_dropout,
             )  # (B, T_new, d_model)
-        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)  # (B, T_new, d_model)
+        x, _ = sublayer_connection(
+            x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout
+        )  # (B, T_new, d_model)
         return x, LayerCache(self_cache, cache.cross_attn)
 
     def _cross_attention_backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[np.ndarray, tuple]:
@@ -165,7 +185,7 @@ def _check_memory(memory: np.ndarray | None, x: np.ndarray, d_model: int) -> Non
     check_same_batch(("memory", "x"), (memory.shape, x.shape))
 
 
-class Decoder:
+class Decoder(Module):
     """N decoder layers, then an optional final LayerNorm."""
 
     schema = "decoder"
@@ -205,11 +225,13 @@ class Decoder:
             (x, self_weights, cross_weights), layer_saved = layer.forward_for_backward(
                 x, memory, tgt_mask, memory_mask, need_weights
             )  # (B, T_tgt, d_model)
-            hidden_states.append(x)
+            if need_hidden_states:  # else each layer's output is freed once the next layer has used it
+                hidden_states.append(x)
             self_attentions.append(self_weights)
             cross_attentions.append(cross_weights)
             if save:
                 layers_saved.append(layer_saved)
+            del layer_saved  # not kept (save=False): freed now, not while the next layer runs
         norm_saved = None
         if self.norm is not None:
             x, norm_saved = self.norm.forward_for_backward(x)  # (B, T_tgt, d_model)

@@ -11,7 +11,7 @@ from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
 from .layer_norm import LayerNorm
-from .layers import with_prefix
+from .layers import Dropout, Module, with_prefix
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .validate import check_token_ids
 
@@ -43,7 +43,7 @@ class TokenEmbedding:
         return None, {"weight": grad_weight}
 
 
-class Embeddings:
+class Embeddings(Module):
     """ids -> token embedding + positional encoding (+ token type) (-> LayerNorm)."""
 
     schema = "embeddings"
@@ -63,6 +63,7 @@ class Embeddings:
             TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
         )
         self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
+        self.dropout = Dropout(config.dropout)
 
     def __call__(self, ids: np.ndarray, token_type_ids: np.ndarray | None = None, offset: int = 0) -> np.ndarray:
         return self.forward_for_backward(ids, token_type_ids, offset)[0]
@@ -90,12 +91,14 @@ class Embeddings:
             check_no_token_types()
         if self.norm is not None:
             x, norm_saved = self.norm.forward_for_backward(x)  # (B, T, d_model)
+        x, dropout_saved = self.dropout.forward_for_backward(x)  # (B, T, d_model)
         record(self, "output", x)
-        return x, (token_saved, position_saved, type_saved, norm_saved)
+        return x, (token_saved, position_saved, type_saved, norm_saved, dropout_saved)
 
     def backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
         """grad_output (B, T, d_model) -> grads of the tables (and the norm); ids have no gradient."""
-        token_saved, position_saved, type_saved, norm_saved = saved
+        token_saved, position_saved, type_saved, norm_saved, dropout_saved = saved
+        grad_output, _ = self.dropout.backward(dropout_saved, grad_output)  # (B, T, d_model)
         norm_grads = {}
         if self.norm is not None:
             grad_output, norm_grads = self.norm.backward(norm_saved, grad_output)  # (B, T, d_model)

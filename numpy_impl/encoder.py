@@ -11,11 +11,11 @@ from transformer_spec.trace import record
 from .attention import MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
 from .layer_norm import LayerNorm
-from .layers import with_prefix
+from .layers import Dropout, Module, with_prefix
 from .sublayer import sublayer_connection_backward, sublayer_connection_for_backward, without_extra
 
 
-class EncoderLayer:
+class EncoderLayer(Module):
     """Self-attention, then feed-forward, each wrapped in a residual connection."""
 
     schema = "encoder_layer"
@@ -26,6 +26,8 @@ class EncoderLayer:
         self.self_attn_norm = LayerNorm(config, dtype)
         self.ffn = PositionwiseFeedForward(config, dtype)
         self.ffn_norm = LayerNorm(config, dtype)
+        self.self_attn_dropout = Dropout(config.dropout)  # on each sub-layer's output
+        self.ffn_dropout = Dropout(config.dropout)
 
     def __call__(
         self, x: np.ndarray, mask: np.ndarray | None = None, need_weights: bool = False
@@ -43,10 +45,11 @@ class EncoderLayer:
             lambda h: self.self_attn.forward_for_backward(h, h, h, mask, need_weights),
             self.self_attn_norm,
             norm_first,
+            self.self_attn_dropout,
         )  # (B, T, d_model)
         record(self, "after_self_attn", x)
         (x, _), ffn_saved = sublayer_connection_for_backward(
-            x, without_extra(self.ffn.forward_for_backward), self.ffn_norm, norm_first
+            x, without_extra(self.ffn.forward_for_backward), self.ffn_norm, norm_first, self.ffn_dropout
         )  # (B, T, d_model)
         record(self, "output", x)
         return (x, weights), (self_attn_saved, ffn_saved)
@@ -56,10 +59,15 @@ class EncoderLayer:
         self_attn_saved, ffn_saved = saved
         norm_first = self.config.norm_first
         grad_x, ffn_norm_grads, ffn_grads = sublayer_connection_backward(
-            ffn_saved, grad_output, self.ffn.backward, self.ffn_norm, norm_first
+            ffn_saved, grad_output, self.ffn.backward, self.ffn_norm, norm_first, self.ffn_dropout
         )  # (B, T, d_model)
         grad_x, self_attn_norm_grads, self_attn_grads = sublayer_connection_backward(
-            self_attn_saved, grad_x, self.self_attn.self_attention_backward, self.self_attn_norm, norm_first
+            self_attn_saved,
+            grad_x,
+            self.self_attn.self_attention_backward,
+            self.self_attn_norm,
+            norm_first,
+            self.self_attn_dropout,
         )  # (B, T, d_model)
         grads = (
             with_prefix("self_attn", self_attn_grads)
@@ -70,7 +78,7 @@ class EncoderLayer:
         return grad_x, grads
 
 
-class Encoder:
+class Encoder(Module):
     """N identical layers (each with its own weights), then an optional final LayerNorm."""
 
     schema = "encoder"
@@ -99,14 +107,16 @@ class Encoder:
         save: bool = True,
     ) -> tuple[tuple[np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]], tuple]:
         """``save=False`` (inference) lets each layer's saved activations go as soon as the
-        next layer runs, instead of keeping every layer's until the backward pass."""
+        layer returns, instead of keeping every layer's until the backward pass."""
         hidden_states, attentions, layers_saved = [x], [], []
         for layer in self.layers:
             (x, weights), layer_saved = layer.forward_for_backward(x, mask, need_weights)  # (B, T, d_model)
-            hidden_states.append(x)
+            if need_hidden_states:  # else each layer's output is freed once the next layer has used it
+                hidden_states.append(x)
             attentions.append(weights)
             if save:
                 layers_saved.append(layer_saved)
+            del layer_saved  # not kept (save=False): freed now, not while the next layer runs
         norm_saved = None
         if self.norm is not None:
             x, norm_saved = self.norm.forward_for_backward(x)  # (B, T, d_model)

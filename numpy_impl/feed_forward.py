@@ -10,7 +10,7 @@ from scipy.special import erf
 from transformer_spec import Config
 from transformer_spec.trace import record
 
-from .layers import Linear, with_prefix
+from .layers import Dropout, Linear, Module, with_prefix
 
 
 def relu(x: np.ndarray) -> np.ndarray:
@@ -51,7 +51,7 @@ ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}
 ACTIVATION_BACKWARDS = {"relu": relu_backward, "gelu": gelu_backward, "gelu_tanh": gelu_tanh_backward}
 
 
-class PositionwiseFeedForward:
+class PositionwiseFeedForward(Module):
     """FFN(x) = act(x W_1 + b_1) W_2 + b_2, the same two matrices at every position."""
 
     schema = "feed_forward"
@@ -62,6 +62,7 @@ class PositionwiseFeedForward:
         self.w_2 = Linear(config.d_ff, config.d_model, config.bias, dtype)
         self.activation = ACTIVATIONS[config.activation]
         self.activation_backward = ACTIVATION_BACKWARDS[config.activation]
+        self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.forward_for_backward(x)[0]  # (B, T, d_model) -> (B, T, d_ff) -> (B, T, d_model)
@@ -70,14 +71,16 @@ class PositionwiseFeedForward:
         pre_activation, w_1_saved = self.w_1.forward_for_backward(x)  # (B, T, d_ff)
         hidden = self.activation(pre_activation)  # (B, T, d_ff)
         record(self, "hidden", hidden)
+        hidden, dropout_saved = self.dropout.forward_for_backward(hidden)  # (B, T, d_ff)
         output, w_2_saved = self.w_2.forward_for_backward(hidden)  # (B, T, d_model)
         record(self, "output", output)
-        return output, (w_1_saved, pre_activation, w_2_saved)
+        return output, (w_1_saved, pre_activation, dropout_saved, w_2_saved)
 
     def backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads of w_1 and w_2."""
-        w_1_saved, pre_activation, w_2_saved = saved
+        w_1_saved, pre_activation, dropout_saved, w_2_saved = saved
         grad_hidden, w_2_grads = self.w_2.backward(w_2_saved, grad_output)  # (B, T, d_ff)
+        grad_hidden, _ = self.dropout.backward(dropout_saved, grad_hidden)  # (B, T, d_ff)
         grad_pre_activation = self.activation_backward(pre_activation, grad_hidden)  # (B, T, d_ff)
         grad_x, w_1_grads = self.w_1.backward(w_1_saved, grad_pre_activation)  # (B, T, d_model)
         return grad_x, with_prefix("w_1", w_1_grads) | with_prefix("w_2", w_2_grads)

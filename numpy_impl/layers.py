@@ -53,3 +53,76 @@ class Linear:
         if self.bias is not None:
             grads["bias"] = rows_grad.sum(axis=0)  # (d_out,), added at every position
         return grad_x, grads
+
+
+class Dropout:
+    """In training mode, zero each element with probability ``rate`` and scale the rest by
+    1 / (1 - rate), so that the expected value is unchanged and inference needs no
+    rescaling ("inverted dropout", as torch and Flax do). In inference mode: the identity.
+
+    The mask is drawn from ``self.rng``; ``seed_dropout`` gives every Dropout of a model
+    its own generator, all derived from one seed.
+    """
+
+    def __init__(self, rate: float):
+        self.rate = rate
+        self.training = True  # as a new torch nn.Module or nnx.Dropout: switch with model.eval()
+        self.rng = np.random.default_rng(0)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.forward_for_backward(x)[0]
+
+    def forward_for_backward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """-> (x with dropped elements 0 and the rest scaled, the multiplier used: None when
+        nothing is dropped, else 0 or 1 / (1 - rate) per element)."""
+        if not self.training or self.rate == 0:
+            return x, None
+        keep = self.rng.random(x.shape) >= self.rate  # True with probability 1 - rate
+        multiplier = keep.astype(x.dtype) / (1.0 - self.rate)  # (..., ) like x
+        return x * multiplier, multiplier
+
+    def backward(self, saved: np.ndarray | None, grad_output: np.ndarray) -> tuple[np.ndarray, dict]:
+        """The same multiplier: dropped elements pass no gradient, kept ones 1 / (1 - rate) of it."""
+        return (grad_output if saved is None else grad_output * saved), {}
+
+
+class Module:
+    """What ``nn.Module`` and ``nnx.Module`` give the other backends' modules, cut down to the
+    one thing NumPy modules need: the training/inference switch (for dropout)."""
+
+    def train(self, mode: bool = True):
+        """Training mode (dropout on), or inference mode with ``mode=False``; returns self."""
+        for module in _submodules(self):
+            if isinstance(module, Dropout):
+                module.training = mode
+        return self
+
+    def eval(self):
+        """Inference mode: every Dropout is the identity."""
+        return self.train(False)
+
+
+def seed_dropout(model, seed: int) -> None:
+    """Give every Dropout in ``model`` its own generator, all spawned from ``seed``: the same
+    seed gives the same masks, and no two layers share a mask."""
+    dropouts = [module for module in _submodules(model) if isinstance(module, Dropout)]
+    for module, rng in zip(dropouts, np.random.default_rng(seed).spawn(len(dropouts)), strict=True):
+        module.rng = rng
+
+
+def _submodules(module) -> list:
+    """``module`` and everything under it, each once, in attribute order."""
+    found, seen = [], set()
+
+    def visit(obj) -> None:
+        if isinstance(obj, list):
+            for item in obj:
+                visit(item)
+        elif type(obj).__module__.startswith(__package__) and id(obj) not in seen:
+            seen.add(id(obj))
+            found.append(obj)
+            for child in vars(obj).values():
+                visit(child)
+
+    visit(module)
+    return found

@@ -13,7 +13,7 @@ from transformer_spec.trace import record
 from .decoder import Decoder
 from .embeddings import Embeddings
 from .encoder import Encoder
-from .layers import Linear, with_prefix
+from .layers import Linear, Module, seed_dropout, with_prefix
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
 from .validate import check_token_ids
 
@@ -54,7 +54,7 @@ class Generator:
         return (grad_x, None), with_prefix("proj", proj_grads)
 
 
-class Transformer:
+class Transformer(Module):
     """Encoder-decoder: src ids -> memory; tgt ids (shifted right) + memory -> next-token logits."""
 
     schema = "model"
@@ -67,6 +67,7 @@ class Transformer:
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
+        seed_dropout(self, 0)  # every Dropout its own generator (they would otherwise all start alike)
 
     def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
@@ -170,7 +171,7 @@ class Transformer:
         return None, grads
 
 
-class TransformerLM:
+class TransformerLM(Module):
     """Decoder-only causal language model: ids -> next-token logits at every position."""
 
     schema = "model"
@@ -181,6 +182,7 @@ class TransformerLM:
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
+        seed_dropout(self, 0)  # every Dropout its own generator (they would otherwise all start alike)
 
     def __call__(
         self,
@@ -248,7 +250,7 @@ class Pooler:
         return pooled
 
 
-class TransformerEncoderModel:
+class TransformerEncoderModel(Module):
     """Encoder-only (BERT-style): ids (+ token types) -> contextual vectors."""
 
     schema = "model"
@@ -259,6 +261,7 @@ class TransformerEncoderModel:
         self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
         self.encoder = Encoder(config, dtype)
         self.pooler = Pooler(config, dtype) if config.pooler else None
+        seed_dropout(self, 0)  # every Dropout its own generator (they would otherwise all start alike)
 
     def __call__(
         self,

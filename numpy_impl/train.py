@@ -8,6 +8,7 @@ import numpy as np
 
 from transformer_spec.schedules import run_steps
 
+from .layers import seed_dropout
 from .optim import Adam
 from .training import loss_and_grads
 
@@ -26,9 +27,16 @@ def train(
     schedule: Callable[[int], float],
     label_smoothing: float = 0.0,
     callback: Callable[[int, float], None] | None = None,
+    seed: int = 0,
 ) -> list[float]:
     """``steps`` updates cycling through ``batches`` in order; returns the loss of every step.
 
-    ``callback(step, loss)`` runs after each step (a progress bar, say)."""
+    ``callback(step, loss)`` runs after each step (a progress bar, say). The model trains in
+    training mode (dropout masks drawn from ``seed``) and is left in inference mode."""
     optimizer = Adam(model, schedule)
-    return run_steps(lambda batch: train_step(model, optimizer, batch, label_smoothing), batches, steps, callback)
+    model.train()  # dropout on (if config.dropout > 0), drawn from ``seed``
+    seed_dropout(model, seed)
+    try:
+        return run_steps(lambda batch: train_step(model, optimizer, batch, label_smoothing), batches, steps, callback)
+    finally:
+        model.eval()  # back to inference, as build_model and load_model give it

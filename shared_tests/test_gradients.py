@@ -330,6 +330,32 @@ def test_model_loss_gradients_match_finite_differences(reference, kind, config, 
     check_model_against_finite_differences(reference, config, training_batch(config), label_smoothing)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("kind", DECODER_KINDS)
+def test_model_gradients_with_dropout_match_finite_differences_under_fixed_masks(reference, kind, norm_first):
+    """Training mode with dropout 0.3 at all four places (embeddings, attention weights, the
+    feed-forward hidden layer, sub-layer outputs): reseeding before every evaluation holds
+    the masks fixed, and the loss is then a smooth function of the weights."""
+    config = as_kind(TINY.replace(dropout=0.3, norm_first=norm_first), kind)
+    model = reference.impl.build_model(config, init_params(config, seed=11, dtype="float64", nonzero_biases=True))
+    model.train()
+    batch = training_batch(config)
+    reference.impl.seed_dropout(model, 4)
+    loss_value, grads = reference.impl.loss_and_grads(model, batch)
+    inputs, targets = split_batch(config, batch)
+
+    def loss():
+        reference.impl.seed_dropout(model, 4)  # the same masks as the analytic gradient's
+        return float(reference.impl.cross_entropy(model(*inputs).logits, targets, config.pad_id))
+
+    assert loss() == pytest.approx(loss_value, rel=1e-12)
+    model.eval()
+    assert loss() != pytest.approx(loss_value, rel=1e-6), "dropout 0.3 must change the loss"
+    model.train()
+    arrays = {name: getattr(*_parent(model, name)) for name in grads}
+    check_finite_differences(f"{config.kind} model, dropout", loss, arrays, grads, full_up_to=0, samples=2)
+
+
 def fully_masked_batch(config: Config) -> dict[str, np.ndarray]:
     """Source row 1 is all padding (its encoder and cross-attention rows have no key at all);
     target row 2 is left-padded (its first query has no key, yet a real target)."""

@@ -6,13 +6,14 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from transformer_spec import Config
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
-from transformer_spec.trace import record
+from transformer_spec.trace import is_recording, record
 
-from .layers import Linear
+from .layers import Dropout, Linear
 from .validate import check_mask
 
 
@@ -35,13 +36,20 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
 
 
 def scaled_dot_product_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout: Dropout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T / sqrt(d_k)) v -> (context (..., T_q, d_v), weights (..., T_q, T_k)).
 
     Dividing by sqrt(d_k) keeps the scores' variance near 1 when q and k have unit
     variance entries, so the softmax does not saturate (section 3.2.1). It is d_k, the
     per-head size, not d_model.
+
+    ``dropout`` (active in training mode only) drops whole query-key links from the
+    weights before they average v; the returned weights are the softmax's, before it.
     """
     check_attention_inputs(q.shape, k.shape, v.shape)
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
@@ -49,7 +57,28 @@ def scaled_dot_product_attention(
     record(None, "scores", scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
     record(None, "weights", weights)
-    return weights @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+    used = weights if dropout is None else dropout(weights)  # (..., T_q, T_k)
+    return used @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+
+
+def _fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The fast path: ``scaled_dot_product_attention``'s context alone, in one fused kernel.
+
+    ``F.scaled_dot_product_attention`` never holds the whole (..., T_q, T_k) scores, and
+    takes our mask as it is (bool, True = may attend). For a query row with no allowed key
+    its kernels disagree (NaN, zeros or the mean of v); ours gives 0: such a row attends to
+    every key (finite, also in the backward pass) and is zeroed afterwards.
+    shared_tests/test_fast_paths.py holds it equal to the written-out attention.
+    """
+    check_attention_inputs(q.shape, k.shape, v.shape)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v)  # (..., T_q, d_v)
+    check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
+    has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, T_q|1, 1)
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key)  # (..., T_q, d_v)
+    return context.masked_fill(~has_key, 0.0)  # (..., T_q, d_v), 0 where no key was allowed
 
 
 class KeyValueCache(NamedTuple):
@@ -87,6 +116,7 @@ class MultiHeadAttention(nn.Module):
         self.w_k = Linear(config.d_model, config.d_model, config.bias, dtype)
         self.w_v = Linear(config.d_model, config.d_model, config.bias, dtype)
         self.w_o = Linear(config.d_model, config.d_model, config.bias, dtype)
+        self.dropout = Dropout(config.dropout)  # on the attention weights
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq_len, _ = x.shape
@@ -97,6 +127,12 @@ class MultiHeadAttention(nn.Module):
         batch, _, seq_len, _ = x.shape
         x = x.transpose(1, 2)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, self.num_heads * self.d_k)  # (B, T, d_model)
+
+    def _fast_path(self, need_weights: bool) -> bool:
+        """Use ``_fused_attention`` unless the weights are wanted: returned, traced, or
+        dropped out (its kernel would draw its own dropout mask, not ours)."""
+        dropout_active = self.training and getattr(self.config, "dropout", 0.0) > 0
+        return not (need_weights or dropout_active or is_recording())
 
     def forward(
         self,
@@ -114,7 +150,10 @@ class MultiHeadAttention(nn.Module):
         record(self, "q", q)
         record(self, "k", k)
         record(self, "v", v)
-        context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k), (B, H, T_q, T_k)
+        if self._fast_path(need_weights):
+            context, weights = _fused_attention(q, k, v, mask), None  # (B, H, T_q, d_k)
+        else:
+            context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k), weights
         context = self.merge_heads(context)  # (B, T_q, d_model)
         record(self, "context", context)
         output = self.w_o(context)  # (B, T_q, d_model)

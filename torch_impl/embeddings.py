@@ -13,7 +13,7 @@ from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
 from .layer_norm import LayerNorm
-from .layers import _torch_dtype
+from .layers import Dropout, _torch_dtype
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .validate import check_token_ids
 
@@ -55,6 +55,7 @@ class Embeddings(nn.Module):
             TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
         )
         self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
         check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
@@ -76,5 +77,6 @@ class Embeddings(nn.Module):
             check_no_token_types()
         if self.norm is not None:
             x = self.norm(x)
+        x = self.dropout(x)  # (B, T, d_model)
         record(self, "output", x)
         return x

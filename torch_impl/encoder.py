@@ -12,6 +12,7 @@ from transformer_spec.trace import record
 from .attention import MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
 from .layer_norm import LayerNorm
+from .layers import Dropout
 from .sublayer import sublayer_connection
 
 
@@ -27,6 +28,8 @@ class EncoderLayer(nn.Module):
         self.self_attn_norm = LayerNorm(config, dtype)
         self.ffn = PositionwiseFeedForward(config, dtype)
         self.ffn_norm = LayerNorm(config, dtype)
+        self.self_attn_dropout = Dropout(config.dropout)  # on each sub-layer's output
+        self.ffn_dropout = Dropout(config.dropout)
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False
@@ -35,10 +38,14 @@ class EncoderLayer(nn.Module):
         check_hidden("x", x.shape, self.config.d_model)
         norm_first = self.config.norm_first
         x, weights = sublayer_connection(
-            x, lambda h: self.self_attn(h, h, h, mask, need_weights), self.self_attn_norm, norm_first
+            x,
+            lambda h: self.self_attn(h, h, h, mask, need_weights),
+            self.self_attn_norm,
+            norm_first,
+            self.self_attn_dropout,
         )
         record(self, "after_self_attn", x)
-        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first)
+        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout)
         record(self, "output", x)
         return x, weights
 
@@ -65,7 +72,8 @@ class Encoder(nn.Module):
         hidden_states, attentions = [x], []
         for layer in self.layers:
             x, weights = layer(x, mask, need_weights)
-            hidden_states.append(x)
+            if need_hidden_states:  # else each layer's output is freed once the next layer has used it
+                hidden_states.append(x)
             attentions.append(weights)
         if self.norm is not None:
             x = self.norm(x)

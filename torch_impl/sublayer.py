@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .layer_norm import LayerNorm
+from .layers import Dropout
 
 
 def sublayer_connection(
@@ -15,15 +16,20 @@ def sublayer_connection(
     sublayer: Callable[[torch.Tensor], tuple[torch.Tensor, Any]],
     norm: LayerNorm,
     norm_first: bool,
+    dropout: Dropout | None = None,
 ) -> tuple[torch.Tensor, Any]:
-    """Post-norm (the paper): LayerNorm(x + sublayer(x)). Pre-norm: x + sublayer(LayerNorm(x)).
+    """Post-norm (the paper): LayerNorm(x + Dropout(sublayer(x))). Pre-norm: x + Dropout(sublayer(LayerNorm(x))).
 
     ``sublayer`` returns (output, extra), the extra being attention weights or None.
     Pre-norm keeps an un-normalised residual path from input to output, which trains
-    deep stacks without warm-up, but then the stack needs a final LayerNorm.
+    deep stacks without warm-up, but then the stack needs a final LayerNorm. Dropout
+    (section 5.4: "to the output of each sub-layer, before it is added to the
+    sub-layer input") is the identity in inference mode.
     """
+    if dropout is None:
+        dropout = lambda y: y  # noqa: E731
     if norm_first:
         y, extra = sublayer(norm(x))
-        return x + y, extra
+        return x + dropout(y), extra
     y, extra = sublayer(x)
-    return norm(x + y), extra
+    return norm(x + dropout(y)), extra

@@ -10,6 +10,7 @@ import torch
 from transformer_spec.batches import split_batch
 from transformer_spec.schedules import run_steps
 
+from .layers import seed_dropout
 from .loss import cross_entropy
 from .optim import Adam
 
@@ -32,9 +33,16 @@ def train(
     schedule: Callable[[int], float],
     label_smoothing: float = 0.0,
     callback: Callable[[int, float], None] | None = None,
+    seed: int = 0,
 ) -> list[float]:
     """``steps`` updates cycling through ``batches`` in order; returns the loss of every step.
 
-    ``callback(step, loss)`` runs after each step (a progress bar, say)."""
+    ``callback(step, loss)`` runs after each step (a progress bar, say). The model trains in
+    training mode (dropout masks drawn from ``seed``) and is left in inference mode."""
     optimizer = Adam(model, schedule)
-    return run_steps(lambda batch: train_step(model, optimizer, batch, label_smoothing), batches, steps, callback)
+    model.train()  # dropout on (if config.dropout > 0), drawn from ``seed``
+    seed_dropout(model, seed)
+    try:
+        return run_steps(lambda batch: train_step(model, optimizer, batch, label_smoothing), batches, steps, callback)
+    finally:
+        model.eval()  # back to inference, as build_model and load_model give it

@@ -34,6 +34,12 @@ class Config:
         The fields keep what was given (so ``replace(norm_first=True)`` still follows
         the default); read the resolved choice from ``use_encoder_final_norm`` and
         ``use_decoder_final_norm``.
+    dropout:
+        the probability of zeroing each element, in training mode only, at the four places
+        the paper and ``torch.nn.Transformer`` put it: the embeddings' output, the attention
+        weights, the feed-forward hidden layer and each sub-layer's output before the
+        residual addition. The paper trains with 0.1; every preset here has 0.0, so that
+        a model computes the same function in training and in inference.
     """
 
     kind: str = "encoder_decoder"
@@ -58,6 +64,7 @@ class Config:
     embedding_norm: bool = False
     pooler: bool = False
     pad_id: int = 0
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         self._validate()
@@ -84,6 +91,8 @@ class Config:
             _positive_int("tgt_vocab_size", self.tgt_vocab_size)
             _positive_int("num_decoder_layers", self.num_decoder_layers)
             _id_in_vocab("pad_id", self.pad_id, "tgt_vocab_size", self.tgt_vocab_size)
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
         if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be a positive number, got {self.layer_norm_eps!r}")
         if self.pooler and self.kind != "encoder_only":

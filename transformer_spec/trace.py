@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["Trace", "record", "recording"]
+__all__ = ["Trace", "is_recording", "record", "recording"]
 
 
 class Trace(dict):
@@ -64,6 +64,12 @@ def record(module: object | None, name: str, value) -> None:
             n += 1
         key = f"{key}#{n}"
     trace[key] = _to_numpy(value)
+
+
+def is_recording() -> bool:
+    """Whether a recording is in progress: a fast path that skips named intermediates (torch's
+    fused attention has no scores or weights to record) steps aside while one is."""
+    return bool(_active)
 
 
 def _to_numpy(value) -> np.ndarray:

@@ -1,0 +1,69 @@
+"""``transformer-ref pitfalls``: the classic Transformer mistakes, run next to this project's code.
+
+Each pitfall runs the wrong code (as the seed tutorials write it) and ours on the same
+small, seeded input, in every selected backend where the mistake can happen, and prints
+the two results side by side. A backend whose framework is not installed is skipped,
+with the reason. The same demonstrations are held to their claims by
+shared_tests/test_pitfalls.py, and are the data of the docs' "Pitfalls" page
+(pitfalls.run_all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+import pitfalls
+
+from .backends import NAMES
+
+
+def add_parser(commands) -> None:
+    names = "\n".join(f"  {p.name:<26} {p.title} [{', '.join(p.backends)}]" for p in pitfalls.REGISTRY.values())
+    parser = commands.add_parser(
+        "pitfalls",
+        help=__doc__.splitlines()[0],
+        description=__doc__,
+        epilog=f"pitfalls [backends where the mistake can happen]:\n{names}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("names", nargs="*", metavar="NAME", help="the pitfalls to run (default: all of them)")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=NAMES,
+        help="run in this backend only (repeatable); default: every backend, those not installed are skipped",
+    )
+    parser.add_argument("--list", action="store_true", help="list the pitfalls and where each can happen; run none")
+    parser.add_argument("--explain", action="store_true", help="also print why each mistake is wrong")
+    parser.add_argument("--code", action="store_true", help="also print the wrong code that ran, and ours")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    unknown = [n for n in args.names if n not in pitfalls.REGISTRY]
+    if unknown:
+        raise SystemExit(f"unknown pitfall(s) {unknown}; expected some of {list(pitfalls.REGISTRY)}")
+    names = args.names or list(pitfalls.REGISTRY)
+    if args.list:
+        for name in names:
+            pitfall = pitfalls.get(name)
+            print(f"{pitfall.name:<26} {pitfall.title} [{', '.join(pitfall.backends)}]")
+        return 0
+    backends = args.backend or list(NAMES)
+    for page in pitfalls.run_all(backends, names):
+        seeds = f"seed {', '.join(page['seeds'])}; " if page["seeds"] else ""
+        print(f"\n== {page['name']}: {page['title']} ({seeds}can happen in {', '.join(page['backends'])})")
+        if args.explain:
+            print(textwrap.indent(textwrap.fill(page["explanation"], 96), "   "))
+        for result in page["results"]:
+            print(f"   {result['backend']:<6} wrong: {result['wrong']}")
+            print(f"   {'':<6} ours:  {result['ours']}")
+            if args.code:
+                print(textwrap.indent(result["wrong_code"], "          | ", lambda line: True))
+                print(textwrap.indent(result["ours_code"], "     ours | ", lambda line: True))
+        for skip in page["skipped"]:
+            print(f"   {skip['backend']:<6} skipped: {skip['reason']}")
+        if not page["results"] and not page["skipped"]:
+            print(f"   (not run: it cannot happen in {', '.join(backends)})")
+    return 0
