@@ -194,15 +194,26 @@ def _training_markdown(training: dict[str, Any] | None) -> list[str]:
     if "skipped" in training:
         return ["## Training steps", "", training["skipped"], ""]
     out = [
-        "## Training steps: loss_and_grads (forward, loss, backward, gradients to NumPy; no optimizer update)",
+        "## Training steps",
+        "",
+        "train_step: forward, loss, backward and the Adam update (JAX: one nnx.jit program); "
+        "loss_and_grads: forward, loss and backward, gradients handed back as NumPy arrays.",
         "",
     ]
     rows = []
     for r in training["rows"]:
         for name in r["steps_per_s"]:
-            rows.append([r["size"], r["shape"], name, f"{r['steps_per_s'][name]:.1f}", _ms(r["ms_per_step"][name]),
-                         _ratio(r["ratio_to_torch"][name]), f"{r['loss'][name]:.6f}"])  # fmt: skip
-    out += _table(["size", "B x T", "backend", "steps/s", "ms/step", "time / torch's", "loss"], rows)
+            step = ["-"] * 3
+            if "train_steps_per_s" in r:
+                step = [
+                    f"{r['train_steps_per_s'][name]:.1f}",
+                    _ms(r["ms_per_train_step"][name]),
+                    _ratio(r["train_step_ratio_to_torch"][name]),
+                ]
+            grads = [f"{r['steps_per_s'][name]:.1f}", _ms(r["ms_per_step"][name]), _ratio(r["ratio_to_torch"][name])]
+            rows.append([r["size"], r["shape"], name, *step, *grads, f"{r['loss'][name]:.6f}"])
+    header = ["size", "B x T", "backend", "train_step /s", "ms", "/ torch's", "loss_and_grads /s", "ms", "/ torch's"]
+    out += _table([*header, "loss"], rows)
     return out
 
 

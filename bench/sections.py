@@ -125,8 +125,10 @@ def sweep_section(size: str, batch: int, lengths: Sequence[int], budget: Budget)
 
 
 def training_section(sizes: Sequence[tuple[str, int, int]], budget: Budget) -> dict[str, Any]:
-    """Steps per second of ``loss_and_grads`` (forward, loss, backward, gradients as NumPy;
-    no optimizer update) in every backend, same model, same batch, interleaved."""
+    """Training speed in every backend, same model, same batch, interleaved: whole steps
+    (``train_step``: forward, loss, backward and the Adam update; in JAX one ``nnx.jit``
+    program) and ``loss_and_grads`` alone (the gradients handed back as NumPy arrays, as
+    the parity tests compare them; in JAX ``jax.grad`` without a whole-step jit)."""
     import importlib
 
     backends = {}
@@ -138,6 +140,7 @@ def training_section(sizes: Sequence[tuple[str, int, int]], budget: Budget) -> d
         backends[name] = module
     from transformer_spec import init_params
     from transformer_spec.data import copy_task
+    from transformer_spec.schedules import constant_schedule
 
     from .flops import encoder_decoder_flops as forward_flops
     from .timing import Candidate
@@ -147,14 +150,23 @@ def training_section(sizes: Sequence[tuple[str, int, int]], budget: Budget) -> d
         config = Config.preset(size)
         params = init_params(config, seed=0, dtype="float32")
         data = copy_task(batch, seq_len, min(config.src_vocab_size, config.tgt_vocab_size), seed=0)
-        candidates, losses = [], {}
+        candidates, step_candidates, losses = [], [], {}
         for name, module in backends.items():
             model = module.build_model(config, params)
             run = lambda module=module, model=model, data=data: module.loss_and_grads(model, data)
             candidates.append(Candidate(name, name, run))
             losses[name] = run()[0]  # warm (JAX compiles) and check the losses agree
             run()
+            trained = module.build_model(config, params)
+            optimizer = module.Adam(trained, constant_schedule(1e-4))
+            step = lambda module=module, model=trained, optimizer=optimizer, data=data: module.train_step(
+                model, optimizer, data
+            )
+            step_candidates.append(Candidate(name, name, step))
+            step()  # warm (JAX compiles the whole step)
+            step()
         times = interleaved(candidates, budget)
+        step_times = interleaved(step_candidates, budget)
         t_tgt = data["tgt_in"].shape[1]
         # backward ~ 2x forward: a training step is ~3x the forward's matmul FLOPs
         forward = (
@@ -164,6 +176,11 @@ def training_section(sizes: Sequence[tuple[str, int, int]], budget: Budget) -> d
             {
                 "size": size,
                 "shape": f"{batch}x{seq_len}",
+                "train_steps_per_s": {name: float(np.median(1.0 / t)) for name, t in step_times.items()},
+                "ms_per_train_step": {name: 1e3 * float(np.median(t)) for name, t in step_times.items()},
+                "train_step_ratio_to_torch": {
+                    name: Ratio.of(t, step_times["torch"]).to_dict() for name, t in step_times.items()
+                },
                 "steps_per_s": {name: float(np.median(1.0 / t)) for name, t in times.items()},
                 "ms_per_step": {name: 1e3 * float(np.median(t)) for name, t in times.items()},
                 "gflops": {name: float(np.median(3 * forward / t)) / 1e9 for name, t in times.items()},
