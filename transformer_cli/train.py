@@ -50,6 +50,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--warmup", type=int, default=200, help="warm-up steps of the paper's schedule")
     parser.add_argument("--label-smoothing", type=float, default=0.0)
+    parser.add_argument("--dropout", type=float, default=0.0, help="dropout rate while training (the paper: 0.1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", help="write the trained weights to this .safetensors file")
     parser.set_defaults(run=run)
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             f"backend {args.backend!r} is not installed ({error.name}): pip install -e '.[{args.backend}]'"
         ) from None
     config, batches, show = task_setup(args.task, args.seed)
+    config = config.replace(dropout=args.dropout)
     steps = args.steps or DEFAULT_STEPS[args.task]
     model = backend.impl.build_model(config, init_params(config, seed=args.seed, dtype=args.dtype))
     schedule = warmup_schedule(config.d_model, args.warmup)
@@ -89,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"training {args.task} in {args.backend} ({args.dtype}): {config.kind}, d_model {config.d_model}, "
           f"{steps} steps, Adam with the paper's warm-up schedule ({args.warmup} steps)")  # fmt: skip
     progress = ProgressBar(steps, tokens_per_step)
-    losses = backend.impl.train(model, batches, steps, schedule, args.label_smoothing, callback=progress)
+    losses = backend.impl.train(
+        model, batches, steps, schedule, args.label_smoothing, callback=progress, seed=args.seed
+    )
     progress.close()
     print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f}\n")
     show(backend, model)
