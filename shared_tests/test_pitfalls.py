@@ -124,6 +124,7 @@ def test_default_dropout_zeroes_half_and_changes_every_call(request, framework):
     assert n["wrong_kept_scale"] == pytest.approx(2.0, rel=1e-12)  # survivors divided by 1 - p
     assert n["wrong_repeat_max_difference"] > 0.1
     assert n["ours_zero_fraction"] == 0.0 and n["ours_repeat_max_difference"] == 0.0
+    assert 0.03 < n["ours_training_zero_fraction"] < 0.2  # 10% of 2 x 7 x 36 features
 
 
 @over("neg-inf-mask-nan")
