@@ -118,7 +118,7 @@ def test_trace_command_tokenizes_toy_text(capsys):
 
 def test_attention_command_writes_a_heatmap_per_layer_and_attention(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    text = dict_first_sentence()
+    text = toy_sentence()
     assert main(["attention", "--preset", "tiny", "--text", text, "--out", str(tmp_path)]) == 0
     files = sorted(p.name for p in tmp_path.iterdir())
     layers = range(TINY.num_encoder_layers)
@@ -132,7 +132,7 @@ def test_attention_maps_are_the_same_from_every_backend(backend, reference):
     from transformer_cli.inputs import load_model_input
 
     class Args:
-        weights, preset, text, target, seed, length = None, "tiny", dict_first_sentence(), None, 0, 7
+        weights, preset, text, target, seed, length = None, "tiny", toy_sentence(), None, 0, 7
 
     model_input = load_model_input(Args)
     want = attention_maps(model_input, "numpy", "float64")
@@ -144,7 +144,7 @@ def test_attention_maps_are_the_same_from_every_backend(backend, reference):
         assert_close(weights, want_weights, "float64", stem)
 
 
-def dict_first_sentence() -> str:
+def toy_sentence() -> str:
     from transformer_spec.data import TOY_TRANSLATION
 
     return TOY_TRANSLATION[0][0]
