@@ -241,11 +241,12 @@ PAGES: tuple[Page, ...] = (
             "would drop (so the model switches to `nnx.jit` while dropout is active); torch draws every mask "
             "from its global generator. The masks differ between backends; their statistics do not.",
         ),
-        code=("layers.py: Dropout, Module, seed_dropout, _submodules, dropout_active",),
+        code=("layers.py: Dropout, Module, seed_dropout, named_submodules, dropout_active",),
         tests=("*test_dropout.py::*",),
         notes={
             "Module": "Not needed: `nn.Module` and `nnx.Module` bring `train()` and `eval()`.",
-            "_submodules": "Not needed: the framework walks its own module tree.",
+            "named_submodules": "Not needed: the framework walks its own module tree "
+            "(`nn.Module.named_modules`, `nnx.iter_graph`).",
             "dropout_active": "Not needed: only JAX chooses between two ways of compiling the forward pass.",
         },
     ),

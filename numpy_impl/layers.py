@@ -97,7 +97,7 @@ class Module:
 
     def train(self, mode: bool = True):
         """Training mode (dropout on), or inference mode with ``mode=False``; returns self."""
-        for module in _submodules(self):
+        for _, module in named_submodules(self):
             if isinstance(module, Dropout):
                 module.training = mode
         return self
@@ -110,24 +110,27 @@ class Module:
 def seed_dropout(model, seed: int) -> None:
     """Give every Dropout in ``model`` its own generator, all spawned from ``seed``: the same
     seed gives the same masks, and no two layers share a mask."""
-    dropouts = [module for module in _submodules(model) if isinstance(module, Dropout)]
+    dropouts = [module for _, module in named_submodules(model) if isinstance(module, Dropout)]
     for module, rng in zip(dropouts, np.random.default_rng(seed).spawn(len(dropouts)), strict=True):
         module.rng = rng
 
 
-def _submodules(module) -> list:
-    """``module`` and everything under it, each once, in attribute order."""
+def named_submodules(module) -> list[tuple[str, object]]:
+    """(path, module) for ``module`` ("") and everything under it ("encoder.layers.0.self_attn"),
+    each once, in attribute order: what torch's ``named_modules`` and NNX's ``iter_graph``
+    give the other backends. NumPy modules are plain objects: walk their attributes (and
+    lists of layers)."""
     found, seen = [], set()
 
-    def visit(obj) -> None:
+    def visit(obj, path: str) -> None:
         if isinstance(obj, list):
-            for item in obj:
-                visit(item)
+            for i, item in enumerate(obj):
+                visit(item, f"{path}.{i}" if path else str(i))
         elif type(obj).__module__.startswith(__package__) and id(obj) not in seen:
             seen.add(id(obj))
-            found.append(obj)
-            for child in vars(obj).values():
-                visit(child)
+            found.append((path, obj))
+            for attr, child in vars(obj).items():
+                visit(child, f"{path}.{attr}" if path else attr)
 
-    visit(module)
+    visit(module, "")
     return found

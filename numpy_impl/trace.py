@@ -9,28 +9,14 @@ from __future__ import annotations
 
 from transformer_spec.trace import Trace, recording
 
+from .layers import named_submodules
+
 __all__ = ["named_modules", "trace_model"]
 
 
 def named_modules(model) -> dict[int, str]:
-    """id(module) -> its path in ``model`` ("" for the model itself, "encoder.layers.0.self_attn").
-
-    NumPy modules are plain objects: walk their attributes (and lists of layers)."""
-    names: dict[int, str] = {}
-
-    def visit(obj, path: str) -> None:
-        if isinstance(obj, list):
-            for i, item in enumerate(obj):
-                visit(item, f"{path}.{i}" if path else str(i))
-            return
-        if not type(obj).__module__.startswith(__package__) or id(obj) in names:
-            return
-        names[id(obj)] = path
-        for attr, child in vars(obj).items():
-            visit(child, f"{path}.{attr}" if path else attr)
-
-    visit(model, "")
-    return names
+    """id(module) -> its path in ``model`` ("" for the model itself, "encoder.layers.0.self_attn")."""
+    return {id(module): path for path, module in named_submodules(model)}
 
 
 def trace_model(model, *inputs, **kwargs) -> Trace:

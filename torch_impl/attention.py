@@ -131,7 +131,7 @@ class MultiHeadAttention(nn.Module):
     def _fast_path(self, need_weights: bool) -> bool:
         """Use ``_fused_attention`` unless the weights are wanted: returned, traced, or
         dropped out (its kernel would draw its own dropout mask, not ours)."""
-        dropout_active = self.training and getattr(self.config, "dropout", 0.0) > 0
+        dropout_active = self.training and self.config.dropout > 0
         return not (need_weights or dropout_active or is_recording())
 
     def forward(
