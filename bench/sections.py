@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer_spec import Config
+from transformer_spec import BACKENDS, Config
+from transformer_spec.backends import package
 
 from . import implementations as impl
 from .compare import compare, warm_up
@@ -132,9 +133,9 @@ def training_section(sizes: Sequence[tuple[str, int, int]], budget: Budget) -> d
     import importlib
 
     backends = {}
-    for name in ("numpy", "jax", "torch"):
-        module = importlib.import_module(f"{name}_impl")
-        training = importlib.import_module(f"{name}_impl.training")
+    for name in BACKENDS:
+        module = importlib.import_module(package(name))
+        training = importlib.import_module(f"{package(name)}.training")
         if not hasattr(training, "loss_and_grads"):
             return {"skipped": f"{name}_impl/training.py has no loss_and_grads yet: training steps not measured"}
         backends[name] = module

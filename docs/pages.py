@@ -12,16 +12,23 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
+import transformer_spec.backends
+
 from . import parity, source
 from .components import AUTOGRAD, PAGES, Page
 from .mathml import tex_to_mathml
 
 SITE_TITLE = "The Transformer, three ways"
-# (name, column title, package, what computes its gradients)
-BACKENDS = (
-    ("numpy", "NumPy", "numpy_impl", "a hand-written backward"),
-    ("jax", "JAX · Flax NNX", "jax_impl", "jax.grad"),
-    ("torch", "PyTorch", "torch_impl", "torch.autograd"),
+# transformer_spec.BACKENDS name -> (column title, what computes its gradients)
+COLUMNS = {
+    "numpy": ("NumPy", "a hand-written backward"),
+    "jax": ("JAX · Flax NNX", "jax.grad"),
+    "torch": ("PyTorch", "torch.autograd"),
+}
+# (name, column title, package, what computes its gradients), in the order of transformer_spec.BACKENDS
+BACKENDS = tuple(
+    (name, COLUMNS[name][0], transformer_spec.backends.package(name), COLUMNS[name][1])
+    for name in transformer_spec.backends.BACKENDS
 )
 SOURCE_LINK = "../../"  # from docs/site/ back to the repository root
 

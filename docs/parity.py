@@ -14,13 +14,15 @@ import html
 import json
 import pathlib
 
+from transformer_spec import BACKENDS
+
 CHECKS = {  # check -> (order, how to read it)
     "output": (0, "output vs the NumPy float64 reference"),
     "loss": (1, "loss vs NumPy's (float64)"),
     "gradients": (2, "every parameter's gradient vs NumPy's hand-written backward"),
     "finite differences": (3, "NumPy's backward vs central finite differences"),
 }
-BACKEND_ORDER = {"numpy": 0, "jax": 1, "torch": 2}
+BACKEND_ORDER = {name: order for order, name in enumerate(BACKENDS)}
 DTYPES = ("float64", "float32")
 
 

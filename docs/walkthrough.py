@@ -20,6 +20,8 @@ import sys
 
 import numpy as np
 
+from transformer_spec import BACKENDS
+
 TEXT = "time flies like an arrow"
 PRESET = "bert-base"
 SEED = 0
@@ -29,8 +31,8 @@ CONFIG_FIELDS = ("d_model", "num_heads", "d_k", "d_ff", "num_encoder_layers", "s
                  "activation", "positional", "norm_first")  # fmt: skip
 
 
-def measure(backends: tuple[str, ...] = ("numpy", "jax", "torch")) -> dict:
-    from transformer_cli.backends import get_backend
+def measure(backends: tuple[str, ...] = BACKENDS) -> dict:
+    from backend_adapters import get_backend
     from transformer_spec import Config, init_params
     from transformer_spec.hf_bert import minilm_directory
     from transformer_spec.tokenizer import WordPieceTokenizer

@@ -64,7 +64,7 @@ def _ops(backend: str) -> Ops:
 def _backend(name: str):
     """The adapter (NumPy in, NumPy out) that the CLI and the test suite use; raises
     ModuleNotFoundError when the framework is not installed."""
-    from transformer_cli.backends import get_backend
+    from backend_adapters import get_backend
 
     return get_backend(name)
 

@@ -1,7 +1,8 @@
 """The registry of pitfalls, the result of running one, and the plain data the docs page is made from.
 
 Backend-neutral and framework-free: a demonstration imports its framework only when it
-runs, so ``import pitfalls`` (and listing what is registered) needs nothing but NumPy.
+runs, so ``import pitfalls`` (and listing what is registered) needs nothing but
+``transformer_spec`` (NumPy and safetensors).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-BACKENDS = ("numpy", "jax", "torch")  # the order every listing uses (transformer_cli.backends.NAMES)
+from transformer_spec import BACKENDS  # the order every listing uses
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from transformer_cli.backends import NAMES, get_backend
+from backend_adapters import get_backend
+from transformer_spec import BACKENDS
 
 from . import tolerances
 
@@ -28,7 +29,7 @@ def pytest_addoption(parser):
     parser.addoption(
         "--backend",
         action="append",
-        choices=NAMES,
+        choices=BACKENDS,
         help="run the suite for this backend only (repeatable); default: every installed backend",
     )
     parser.addoption(
@@ -40,7 +41,7 @@ def pytest_addoption(parser):
 
 def pytest_generate_tests(metafunc):
     if "backend_name" in metafunc.fixturenames:
-        names = metafunc.config.getoption("--backend") or list(NAMES)
+        names = metafunc.config.getoption("--backend") or list(BACKENDS)
         metafunc.parametrize("backend_name", names, scope="session")
 
 

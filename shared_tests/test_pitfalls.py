@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import pitfalls
-from transformer_cli.backends import get_backend
+from backend_adapters import get_backend
 from transformer_cli.main import main
 from transformer_spec import Config, param_schema
 

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends import NAMES, get_backend
+from backend_adapters import get_backend
+from transformer_spec import BACKENDS
+
 from .inputs import ModelInput, add_model_arguments, describe, load_model_input
 
 # model output field -> (file name stem, title, which token list gives the queries / the keys)
@@ -43,7 +45,7 @@ def add_parser(commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(parser)
-    parser.add_argument("--backend", default="numpy", choices=NAMES, help="which backend computes the weights")
+    parser.add_argument("--backend", default="numpy", choices=BACKENDS, help="which backend computes the weights")
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     parser.add_argument("--out", default="attention_maps", help="folder for the PNGs (default: attention_maps)")
     parser.add_argument("--layers", help="comma-separated layer numbers to draw (default: all)")

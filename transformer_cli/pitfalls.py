@@ -14,8 +14,7 @@ import argparse
 import textwrap
 
 import pitfalls
-
-from .backends import NAMES
+from transformer_spec import BACKENDS
 
 
 def add_parser(commands) -> None:
@@ -31,7 +30,7 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--backend",
         action="append",
-        choices=NAMES,
+        choices=BACKENDS,
         help="run in this backend only (repeatable); default: every backend, those not installed are skipped",
     )
     parser.add_argument("--list", action="store_true", help="list the pitfalls and where each can happen; run none")
@@ -50,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             pitfall = pitfalls.get(name)
             print(f"{pitfall.name:<26} {pitfall.title} [{', '.join(pitfall.backends)}]")
         return 0
-    backends = args.backend or list(NAMES)
+    backends = args.backend or list(BACKENDS)
     for page in pitfalls.run_all(backends, names):
         seeds = f"seed {', '.join(page['seeds'])}; " if page["seeds"] else ""
         print(f"\n== {page['name']}: {page['title']} ({seeds}can happen in {', '.join(page['backends'])})")

@@ -25,9 +25,10 @@ import sys
 import time
 from dataclasses import dataclass
 
+from backend_adapters import available_backends, get_backend
+from transformer_spec import BACKENDS
 from transformer_spec.tolerances import TOLERANCE, max_relative_difference
 
-from .backends import NAMES, available_backends, get_backend
 from .inputs import ModelInput, add_model_arguments, describe, load_model_input
 
 
@@ -37,7 +38,7 @@ def add_parser(commands) -> None:
     )
     add_model_arguments(parser)
     parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
-    parser.add_argument("--backends", default=",".join(NAMES), help="comma-separated (default: all installed)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: all installed)")
     parser.add_argument("--filter", default="", help="print only intermediates whose name contains this")
     parser.set_defaults(run=run)
 
@@ -93,9 +94,9 @@ def compare_traces(reference: dict, traces: dict[str, dict]) -> tuple[list[Row],
 def run(args: argparse.Namespace) -> int:
     model_input = load_model_input(args)
     wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = sorted(set(wanted) - set(NAMES))
+    unknown = sorted(set(wanted) - set(BACKENDS))
     if unknown:
-        raise SystemExit(f"unknown backends {unknown}; expected some of {list(NAMES)}")
+        raise SystemExit(f"unknown backends {unknown}; expected some of {list(BACKENDS)}")
     installed = available_backends()
     dtypes = ["float64", "float32"] if args.dtype == "both" else [args.dtype]
     runs = [(b, d) for b in wanted if b in installed for d in dtypes]

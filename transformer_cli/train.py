@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 
-from transformer_spec import Config, init_params, save_params
+from backend_adapters import get_backend
+from transformer_spec import BACKENDS, Config, init_params, save_params
 from transformer_spec.data import (
     BOS,
     EOS,
@@ -34,8 +35,6 @@ from transformer_spec.data import (
 )
 from transformer_spec.schedules import warmup_schedule
 
-from .backends import NAMES, get_backend
-
 TASKS = ("copy", "reverse", "translate", "next-word")
 DEFAULT_STEPS = {"copy": 600, "reverse": 600, "translate": 300, "next-word": 300}
 
@@ -45,7 +44,7 @@ def add_parser(commands) -> None:
         "train", help=__doc__.splitlines()[0], description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--task", default="copy", choices=TASKS)
-    parser.add_argument("--backend", default="numpy", choices=NAMES)
+    parser.add_argument("--backend", default="numpy", choices=BACKENDS)
     parser.add_argument("--steps", type=int, help="optimiser steps (default: 600 for copy/reverse, 300 otherwise)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--warmup", type=int, default=200, help="warm-up steps of the paper's schedule")

@@ -1,9 +1,11 @@
-"""Backend-neutral core: config, weight schema, seeded init, safetensors I/O, input checks.
+"""Backend-neutral core: the backends' names, config, weight schema, seeded init, safetensors
+I/O, input checks, and the code every backend shares (the training loop, the search).
 
 Imports NumPy and safetensors only; every backend (numpy_impl, jax_impl, torch_impl)
 is fed from here.
 """
 
+from .backends import BACKENDS
 from .checks import WeightsError, WeightsFileError, check_params
 from .config import PRESETS, Config
 from .convert import attention_to_heads
@@ -13,6 +15,7 @@ from .outputs import ModelOutput
 from .schema import param_schema
 
 __all__ = [
+    "BACKENDS",
     "PRESETS",
     "ModelOutput",
     "attention_to_heads",

@@ -1,8 +1,9 @@
 """One adapter per backend: NumPy arrays in, NumPy arrays out, the backend's own code between.
 
-The command line and the shared test suite both drive the backends through these
-adapters. Neither imports a backend directly: they call the same public names on
-``backend.impl`` (the three backends export identical names, so one body serves all).
+The command line, the shared test suite, the pitfalls, the docs' measurements and the
+benchmark drive the backends through these adapters. None of them imports a backend
+directly: they call the same public names on ``backend.impl`` (the three backends export
+identical names, so one body serves all).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer_spec import ModelOutput
-
-NAMES = ("numpy", "jax", "torch")
+from transformer_spec import BACKENDS, ModelOutput
+from transformer_spec.backends import package
 
 
 class Backend:
@@ -61,7 +61,7 @@ class NumpyBackend(Backend):
     name = "numpy"
 
     def __init__(self):
-        self.impl = importlib.import_module("numpy_impl")
+        self.impl = importlib.import_module(package(self.name))
 
     def asarray(self, x):
         return np.array(x)
@@ -78,7 +78,7 @@ class JaxBackend(Backend):
 
         jax.config.update("jax_enable_x64", True)  # float64 parity needs it; see PITFALLS
         self.jnp = importlib.import_module("jax.numpy")
-        self.impl = importlib.import_module("jax_impl")
+        self.impl = importlib.import_module(package(self.name))
 
     def asarray(self, x):
         return self.jnp.asarray(x)
@@ -98,7 +98,7 @@ class TorchBackend(Backend):
     def __init__(self):
         self.torch = importlib.import_module("torch")
         self.torch.set_float32_matmul_precision("highest")  # no TF32 on GPUs
-        self.impl = importlib.import_module("torch_impl")
+        self.impl = importlib.import_module(package(self.name))
 
     def asarray(self, x):
         return self.torch.from_numpy(np.ascontiguousarray(x))
@@ -111,14 +111,14 @@ class TorchBackend(Backend):
             return super().call(fn, *args, **kwargs)
 
 
-FACTORIES = {"numpy": NumpyBackend, "jax": JaxBackend, "torch": TorchBackend}
+ADAPTERS = {adapter.name: adapter for adapter in (NumpyBackend, JaxBackend, TorchBackend)}  # one per BACKENDS
 _CACHE: dict[str, Backend] = {}
 
 
 def available_backends() -> list[str]:
     """Names of the backends whose framework is installed."""
     found = []
-    for name in NAMES:
+    for name in BACKENDS:
         try:
             get_backend(name)
         except ImportError:
@@ -130,5 +130,5 @@ def available_backends() -> list[str]:
 def get_backend(name: str) -> Backend:
     """The adapter for ``name``; raises ImportError when that backend is not installed."""
     if name not in _CACHE:
-        _CACHE[name] = FACTORIES[name]()
+        _CACHE[name] = ADAPTERS[name]()
     return _CACHE[name]
