@@ -11,6 +11,7 @@ from transformer_spec import Config
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
 from transformer_spec.trace import record
 
+from .kernels import fusable
 from .layers import Dropout, Linear, Module, with_prefix
 from .validate import check_mask
 
@@ -59,26 +60,14 @@ def scaled_dot_product_attention(
     ``dropout`` (active in training mode only) drops whole query-key links from the
     weights before they average v; the returned weights are the softmax's, before it.
     """
-    context, weights, _ = scaled_dot_product_attention_for_backward(q, k, v, mask, dropout)
-    return context, weights
-
-
-def scaled_dot_product_attention_for_backward(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    mask: np.ndarray | None = None,
-    dropout: Dropout | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``scaled_dot_product_attention`` that also returns the dropout multiplier it used (or None)."""
     check_attention_inputs(q.shape, k.shape, v.shape)
     scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
     check_mask("mask", mask, scores.shape)
     record(None, "scores", scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
     record(None, "weights", weights)
-    used, dropout_mask = (weights, None) if dropout is None else dropout.forward_for_backward(weights)
-    return used @ v, weights, dropout_mask  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+    used = weights if dropout is None else dropout(weights)  # (..., T_q, T_k)
+    return used @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
 
 
 def scaled_dot_product_attention_backward(
@@ -87,19 +76,21 @@ def scaled_dot_product_attention_backward(
     v: np.ndarray,
     weights: np.ndarray,
     grad_context: np.ndarray,
-    dropout_mask: np.ndarray | None = None,
+    dropout: Dropout | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """grad_context (..., T_q, d_v) -> grad_q (..., T_q, d_k), grad_k (..., T_k, d_k), grad_v (..., T_k, d_v).
 
     ``weights`` is the forward's output (..., T_q, T_k): the mask is already in it (0 at
-    masked keys), so the backward needs no mask.
+    masked keys), so the backward needs no mask. ``dropout`` is the module the forward
+    used: it kept its multiplier.
     """
     scale = math.sqrt(q.shape[-1])
-    # context = used @ v, used = weights * dropout_mask (or the weights themselves)
-    used = weights if dropout_mask is None else weights * dropout_mask  # (..., T_q, T_k)
+    multiplier = None if dropout is None else dropout.saved.multiplier  # (..., T_q, T_k) or None
+    # context = used @ v, used = weights * multiplier (or the weights themselves)
+    used = weights if multiplier is None else weights * multiplier  # (..., T_q, T_k)
     grad_used = grad_context @ np.swapaxes(v, -1, -2)  # (..., T_q, d_v) @ (..., d_v, T_k) -> (..., T_q, T_k)
     grad_v = np.swapaxes(used, -1, -2) @ grad_context  # (..., T_k, T_q) @ (..., T_q, d_v) -> (..., T_k, d_v)
-    grad_weights = grad_used if dropout_mask is None else grad_used * dropout_mask  # (..., T_q, T_k)
+    grad_weights = grad_used if dropout is None else dropout.backward(grad_used)[0]  # (..., T_q, T_k)
     # weights = masked_softmax(scores)
     grad_scores = masked_softmax_backward(weights, grad_weights)  # (..., T_q, T_k)
     # scores = q @ k^T / sqrt(d_k)
@@ -154,6 +145,7 @@ class MultiHeadAttention(Module):
         x = x.transpose(0, 2, 1, 3)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, self.num_heads * self.d_k)  # (B, T, d_model)
 
+    @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(
         self,
         query: np.ndarray,
@@ -163,48 +155,37 @@ class MultiHeadAttention(Module):
         need_weights: bool = False,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
-        return self.forward_for_backward(query, key, value, mask, need_weights)[0]
-
-    def forward_for_backward(
-        self,
-        query: np.ndarray,
-        key: np.ndarray,
-        value: np.ndarray,
-        mask: np.ndarray | None = None,
-        need_weights: bool = False,
-    ) -> tuple[tuple[np.ndarray, np.ndarray | None], tuple]:
         check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
-        q_proj, w_q_saved = self.w_q.forward_for_backward(query)  # (B, T_q, d_model)
-        k_proj, w_k_saved = self.w_k.forward_for_backward(key)  # (B, T_k, d_model)
-        v_proj, w_v_saved = self.w_v.forward_for_backward(value)  # (B, T_k, d_model)
-        q, k, v = self.split_heads(q_proj), self.split_heads(k_proj), self.split_heads(v_proj)  # (B, H, T, d_k)
+        q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
+        k = self.split_heads(self.w_k(key))  # (B, H, T_k, d_k)
+        v = self.split_heads(self.w_v(value))  # (B, H, T_k, d_k)
         record(self, "q", q)
         record(self, "k", k)
         record(self, "v", v)
-        context, weights, dropout_mask = scaled_dot_product_attention_for_backward(q, k, v, mask, self.dropout)
-        # (B, H, T_q, d_k), (B, H, T_q, T_k), the dropout multiplier (B, H, T_q, T_k) or None
+        context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k), weights
+        self.keep(q=q, k=k, v=v, weights=weights)  # differs: numpy-autograd
         context = self.merge_heads(context)  # (B, T_q, d_model)
         record(self, "context", context)
-        output, w_o_saved = self.w_o.forward_for_backward(context)  # (B, T_q, d_model)
+        output = self.w_o(context)  # (B, T_q, d_model)
         record(self, "output", output)
-        saved = (w_q_saved, w_k_saved, w_v_saved, q, k, v, weights, dropout_mask, w_o_saved)
-        return (output, (weights if need_weights else None)), saved
+        return output, (weights if need_weights else None)
 
     def backward(
-        self, saved: tuple, grad_output: np.ndarray
+        self, grad_output: np.ndarray
     ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], dict[str, np.ndarray]]:
         """grad_output (B, T_q, d_model) -> (grad_query, grad_key, grad_value), grads of w_q, w_k, w_v, w_o.
 
         Only the output is differentiated: the returned attention weights are a read-out."""
-        w_q_saved, w_k_saved, w_v_saved, q, k, v, weights, dropout_mask, w_o_saved = saved
-        grad_merged, w_o_grads = self.w_o.backward(w_o_saved, grad_output)  # (B, T_q, d_model)
+        q, k, v = self.saved.q, self.saved.k, self.saved.v  # (B, H, T_q, d_k), (B, H, T_k, d_k) twice
+        weights = self.saved.weights  # (B, H, T_q, T_k)
+        grad_merged, w_o_grads = self.w_o.backward(grad_output)  # (B, T_q, d_model)
         # merge_heads only moves numbers around: its backward is its inverse, split_heads
         grad_context = self.split_heads(grad_merged)  # (B, H, T_q, d_k)
-        grad_q, grad_k, grad_v = scaled_dot_product_attention_backward(q, k, v, weights, grad_context, dropout_mask)
+        grad_q, grad_k, grad_v = scaled_dot_product_attention_backward(q, k, v, weights, grad_context, self.dropout)
         # and split_heads' backward is merge_heads
-        grad_query, w_q_grads = self.w_q.backward(w_q_saved, self.merge_heads(grad_q))  # (B, T_q, d_model)
-        grad_key, w_k_grads = self.w_k.backward(w_k_saved, self.merge_heads(grad_k))  # (B, T_k, d_model)
-        grad_value, w_v_grads = self.w_v.backward(w_v_saved, self.merge_heads(grad_v))  # (B, T_k, d_model)
+        grad_query, w_q_grads = self.w_q.backward(self.merge_heads(grad_q))  # (B, T_q, d_model)
+        grad_key, w_k_grads = self.w_k.backward(self.merge_heads(grad_k))  # (B, T_k, d_model)
+        grad_value, w_v_grads = self.w_v.backward(self.merge_heads(grad_v))  # (B, T_k, d_model)
         grads = (
             with_prefix("w_q", w_q_grads)
             | with_prefix("w_k", w_k_grads)
@@ -213,10 +194,10 @@ class MultiHeadAttention(Module):
         )
         return (grad_query, grad_key, grad_value), grads
 
-    def self_attention_backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[np.ndarray, dict]:
+    def self_attention_backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict]:
         """``backward`` for self-attention, where one x was the query, the key and the value:
         x's gradient is the sum of the three. -> grad_x (B, T, d_model), grads."""
-        (grad_query, grad_key, grad_value), grads = self.backward(saved, grad_output)
+        (grad_query, grad_key, grad_value), grads = self.backward(grad_output)
         return grad_query + grad_key + grad_value, grads  # (B, T, d_model)
 
     # ---------------------------------------------------------------- decoding with a cache
@@ -249,8 +230,8 @@ class MultiHeadAttention(Module):
         return self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
 
 
-class AttentionHead:
-    """One head as the seeds write it: its own Linear(d_model, d_k) for q, k and v."""
+class AttentionHead(Module):
+    """One head as the PyTorch tutorials write it: its own Linear(d_model, d_k) for q, k and v."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.w_q = Linear(config.d_model, config.d_k, config.bias, dtype)
@@ -267,8 +248,8 @@ class AttentionHead:
         return context[:, 0], weights[:, 0]  # (B, T_q, d_k), (B, T_q, T_k)
 
 
-class MultiHeadAttentionLoop:
-    """The seeds' multi-head attention: a Python list of heads, concatenated, then w_o.
+class MultiHeadAttentionLoop(Module):
+    """The tutorials' multi-head attention: a Python list of heads, concatenated, then w_o.
 
     Mathematically the same as :class:`MultiHeadAttention` given the same weights
     (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one.

@@ -14,7 +14,7 @@ from .attention import KeyValueCache, MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
 from .layer_norm import LayerNorm
 from .layers import Dropout, Module, with_prefix
-from .sublayer import sublayer_connection, sublayer_connection_backward, sublayer_connection_for_backward, without_extra
+from .sublayer import sublayer_connection, sublayer_connection_backward
 
 
 class LayerCache(NamedTuple):
@@ -55,59 +55,47 @@ class DecoderLayer(Module):
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """x (B, T_tgt, d_model), memory (B, T_src, d_model), tgt_mask (B|1, 1, T_tgt, T_tgt),
         memory_mask (B|1, 1, T_tgt|1, T_src) -> (B, T_tgt, d_model), self weights, cross weights."""
-        return self.forward_for_backward(x, memory, tgt_mask, memory_mask, need_weights)[0]
-
-    def forward_for_backward(
-        self,
-        x: np.ndarray,
-        memory: np.ndarray | None = None,
-        tgt_mask: np.ndarray | None = None,
-        memory_mask: np.ndarray | None = None,
-        need_weights: bool = False,
-    ) -> tuple[tuple[np.ndarray, np.ndarray | None, np.ndarray | None], tuple]:
         check_hidden("x", x.shape, self.config.d_model)
         norm_first = self.config.norm_first
-        (x, self_weights), self_attn_saved = sublayer_connection_for_backward(
+        x, self_weights = sublayer_connection(
             x,
-            lambda h: self.self_attn.forward_for_backward(h, h, h, tgt_mask, need_weights),
+            lambda h: self.self_attn(h, h, h, tgt_mask, need_weights),
             self.self_attn_norm,
             norm_first,
             self.self_attn_dropout,
-        )  # (B, T_tgt, d_model)
+        )  # (B, T_tgt, d_model), (B, H, T_tgt, T_tgt) or None
         record(self, "after_self_attn", x)
-        cross_weights, cross_attn_saved = None, None
+        cross_weights = None
         if self.config.decoder_has_cross_attention:
             _check_memory(memory, x, self.config.d_model)
             # queries from the decoder, keys and values from the encoder: (B, T_tgt, T_src) scores
-            (x, cross_weights), cross_attn_saved = sublayer_connection_for_backward(
+            x, cross_weights = sublayer_connection(
                 x,
-                lambda h: self.cross_attn.forward_for_backward(h, memory, memory, memory_mask, need_weights),
+                lambda h: self.cross_attn(h, memory, memory, memory_mask, need_weights),
                 self.cross_attn_norm,
                 norm_first,
                 self.cross_attn_dropout,
-            )  # (B, T_tgt, d_model)
+            )  # (B, T_tgt, d_model), (B, H, T_tgt, T_src) or None
             record(self, "after_cross_attn", x)
-        (x, _), ffn_saved = sublayer_connection_for_backward(
-            x, without_extra(self.ffn.forward_for_backward), self.ffn_norm, norm_first, self.ffn_dropout
+        x, _ = sublayer_connection(
+            x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout
         )  # (B, T_tgt, d_model)
         record(self, "output", x)
-        return (x, self_weights, cross_weights), (self_attn_saved, cross_attn_saved, ffn_saved)
+        return x, self_weights, cross_weights
 
     def backward(
-        self, saved: tuple, grad_output: np.ndarray
+        self, grad_output: np.ndarray
     ) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
         """grad_output (B, T_tgt, d_model) -> (grad_x (B, T_tgt, d_model), grad_memory (B, T_src, d_model)
         or None without cross-attention), grads; the sub-layers in reverse order."""
-        self_attn_saved, cross_attn_saved, ffn_saved = saved
         norm_first = self.config.norm_first
         grad_x, ffn_norm_grads, ffn_grads = sublayer_connection_backward(
-            ffn_saved, grad_output, self.ffn.backward, self.ffn_norm, norm_first, self.ffn_dropout
+            grad_output, self.ffn.backward, self.ffn_norm, norm_first, self.ffn_dropout
         )  # (B, T_tgt, d_model)
         grads = with_prefix("ffn", ffn_grads) | with_prefix("ffn_norm", ffn_norm_grads)
         grad_memory = None
         if self.config.decoder_has_cross_attention:
             grad_x, cross_attn_norm_grads, (cross_attn_grads, grad_memory) = sublayer_connection_backward(
-                cross_attn_saved,
                 grad_x,
                 self._cross_attention_backward,
                 self.cross_attn_norm,
@@ -116,7 +104,6 @@ class DecoderLayer(Module):
             )  # (B, T_tgt, d_model)
             grads |= with_prefix("cross_attn", cross_attn_grads) | with_prefix("cross_attn_norm", cross_attn_norm_grads)
         grad_x, self_attn_norm_grads, self_attn_grads = sublayer_connection_backward(
-            self_attn_saved,
             grad_x,
             self.self_attn.self_attention_backward,
             self.self_attn_norm,
@@ -172,9 +159,9 @@ class DecoderLayer(Module):
         )  # (B, T_new, d_model)
         return x, LayerCache(self_cache, cache.cross_attn)
 
-    def _cross_attention_backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[np.ndarray, tuple]:
+    def _cross_attention_backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, tuple]:
         """-> grad_h (B, T_tgt, d_model), (grads, grad_memory (B, T_src, d_model))."""
-        (grad_query, grad_key, grad_value), grads = self.cross_attn.backward(saved, grad_output)
+        (grad_query, grad_key, grad_value), grads = self.cross_attn.backward(grad_output)
         return grad_query, (grads, grad_key + grad_value)  # the memory was both the key and the value
 
 
@@ -205,56 +192,34 @@ class Decoder(Module):
         need_hidden_states: bool = False,
     ) -> tuple[np.ndarray, tuple, tuple, tuple]:
         """-> (output, hidden states, self-attention weights per layer, cross-attention weights per layer)."""
-        return self.forward_for_backward(
-            x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states, save=False
-        )[0]
-
-    def forward_for_backward(
-        self,
-        x: np.ndarray,
-        memory: np.ndarray | None = None,
-        tgt_mask: np.ndarray | None = None,
-        memory_mask: np.ndarray | None = None,
-        need_weights: bool = False,
-        need_hidden_states: bool = False,
-        save: bool = True,
-    ) -> tuple[tuple[np.ndarray, tuple, tuple, tuple], tuple]:
-        """``save=False`` (inference): as in ``Encoder``, keep no layer's saved activations."""
-        hidden_states, self_attentions, cross_attentions, layers_saved = [x], [], [], []
+        hidden_states, self_attentions, cross_attentions = [x], [], []
         for layer in self.layers:
-            (x, self_weights, cross_weights), layer_saved = layer.forward_for_backward(
-                x, memory, tgt_mask, memory_mask, need_weights
-            )  # (B, T_tgt, d_model)
+            x, self_weights, cross_weights = layer(x, memory, tgt_mask, memory_mask, need_weights)  # (B, T_tgt, d)
             if need_hidden_states:  # else each layer's output is freed once the next layer has used it
                 hidden_states.append(x)
             self_attentions.append(self_weights)
             cross_attentions.append(cross_weights)
-            if save:
-                layers_saved.append(layer_saved)
-            del layer_saved  # not kept (save=False): freed now, not while the next layer runs
-        norm_saved = None
         if self.norm is not None:
-            x, norm_saved = self.norm.forward_for_backward(x)  # (B, T_tgt, d_model)
+            x = self.norm(x)  # (B, T_tgt, d_model)
         if not need_weights:
             self_attentions, cross_attentions = [], []
         elif not self.config.decoder_has_cross_attention:
             cross_attentions = []
         hidden = tuple(hidden_states) if need_hidden_states else ()
-        return (x, hidden, tuple(self_attentions), tuple(cross_attentions)), (layers_saved, norm_saved)
+        return x, hidden, tuple(self_attentions), tuple(cross_attentions)
 
     def backward(
-        self, saved: tuple, grad_output: np.ndarray
+        self, grad_output: np.ndarray
     ) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
         """grad_output (B, T_tgt, d_model) -> (grad_x (B, T_tgt, d_model), grad_memory (B, T_src, d_model)
         or None), grads of every layer and the final norm."""
-        layers_saved, norm_saved = saved
         grads = {}
         if self.norm is not None:
-            grad_output, norm_grads = self.norm.backward(norm_saved, grad_output)  # (B, T_tgt, d_model)
+            grad_output, norm_grads = self.norm.backward(grad_output)  # (B, T_tgt, d_model)
             grads |= with_prefix("norm", norm_grads)
         grad_memory = None
         for i in reversed(range(len(self.layers))):  # last layer first
-            (grad_output, layer_grad_memory), layer_grads = self.layers[i].backward(layers_saved[i], grad_output)
+            (grad_output, layer_grad_memory), layer_grads = self.layers[i].backward(grad_output)
             grads |= with_prefix(f"layers.{i}", layer_grads)
             if layer_grad_memory is not None:  # every layer read the same memory: the gradients add up
                 grad_memory = layer_grad_memory if grad_memory is None else grad_memory + layer_grad_memory

@@ -16,7 +16,7 @@ from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .validate import check_token_ids
 
 
-class TokenEmbedding:
+class TokenEmbedding(Module):
     """A (vocab, d_model) lookup table, optionally scaled by sqrt(d_model).
 
     The paper multiplies by sqrt(d_model) (section 3.4) so that embeddings drawn with
@@ -28,14 +28,12 @@ class TokenEmbedding:
         self.scale = math.sqrt(d_model) if scale else 1.0
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        return self.forward_for_backward(ids)[0]
+        self.keep(ids=ids)  # differs: numpy-autograd
+        return self.weight[ids] * self.scale  # (B, T) -> (B, T, d_model)
 
-    def forward_for_backward(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.weight[ids] * self.scale, ids  # (B, T) -> (B, T, d_model)
-
-    def backward(self, saved: np.ndarray, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
         """grad_output (B, T, d_model) -> {"weight": (vocab, d_model)}; the ids have no gradient."""
-        ids = saved  # (B, T)
+        ids = self.saved.ids  # (B, T)
         grad_weight = np.zeros_like(self.weight)  # (vocab, d_model): rows never looked up get 0
         # a lookup copies row ids[b, t] to position (b, t): a row used n times collects n
         # gradients (np.add.at accumulates repeated ids; ``grad_weight[ids] += ...`` would not)
@@ -66,50 +64,43 @@ class Embeddings(Module):
         self.dropout = Dropout(config.dropout)
 
     def __call__(self, ids: np.ndarray, token_type_ids: np.ndarray | None = None, offset: int = 0) -> np.ndarray:
-        return self.forward_for_backward(ids, token_type_ids, offset)[0]
-
-    def forward_for_backward(
-        self, ids: np.ndarray, token_type_ids: np.ndarray | None = None, offset: int = 0
-    ) -> tuple[np.ndarray, tuple]:
         check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
-        x, token_saved = self.token.forward_for_backward(ids)  # (B, T, d_model)
+        x = self.token(ids)  # (B, T, d_model)
         record(self, "token", x)
-        position_saved = type_saved = norm_saved = None
         if self.position is not None:
-            position, position_saved = self.position.forward_for_backward(ids.shape[1], offset)  # (T, d_model)
+            position = self.position(ids.shape[1], offset)  # (T, d_model)
             record(self, "position", position)
             x = x + position[None]  # + (1, T, d_model)
         if self.token_type is not None:
             if token_type_ids is None:
-                token_type_ids = np.zeros_like(ids)
+                token_type_ids = np.zeros_like(ids)  # (B, T)
             check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
-            token_type, type_saved = self.token_type.forward_for_backward(token_type_ids)  # (B, T, d_model)
+            token_type = self.token_type(token_type_ids)  # (B, T, d_model)
             record(self, "token_type", token_type)
             x = x + token_type  # + (B, T, d_model)
         elif token_type_ids is not None:
             check_no_token_types()
         if self.norm is not None:
-            x, norm_saved = self.norm.forward_for_backward(x)  # (B, T, d_model)
-        x, dropout_saved = self.dropout.forward_for_backward(x)  # (B, T, d_model)
+            x = self.norm(x)  # (B, T, d_model)
+        x = self.dropout(x)  # (B, T, d_model)
         record(self, "output", x)
-        return x, (token_saved, position_saved, type_saved, norm_saved, dropout_saved)
+        return x
 
-    def backward(self, saved: tuple, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
         """grad_output (B, T, d_model) -> grads of the tables (and the norm); ids have no gradient."""
-        token_saved, position_saved, type_saved, norm_saved, dropout_saved = saved
-        grad_output, _ = self.dropout.backward(dropout_saved, grad_output)  # (B, T, d_model)
+        grad_output, _ = self.dropout.backward(grad_output)  # (B, T, d_model)
         norm_grads = {}
         if self.norm is not None:
-            grad_output, norm_grads = self.norm.backward(norm_saved, grad_output)  # (B, T, d_model)
+            grad_output, norm_grads = self.norm.backward(grad_output)  # (B, T, d_model)
         # x is a sum: each term receives grad_output unchanged
-        _, token_grads = self.token.backward(token_saved, grad_output)
+        _, token_grads = self.token.backward(grad_output)
         grads = with_prefix("token", token_grads)
         if self.position is not None:
             # the same (T, d_model) rows were added to every sequence of the batch: sum over it
-            _, position_grads = self.position.backward(position_saved, grad_output.sum(axis=0))  # (T, d_model)
+            _, position_grads = self.position.backward(grad_output.sum(axis=0))  # (T, d_model)
             grads |= with_prefix("position", position_grads)
         if self.token_type is not None:
-            _, type_grads = self.token_type.backward(type_saved, grad_output)
+            _, type_grads = self.token_type.backward(grad_output)
             grads |= with_prefix("token_type", type_grads)
         return None, grads | with_prefix("norm", norm_grads)

@@ -7,8 +7,10 @@ import numpy as np
 from transformer_spec import Config
 from transformer_spec.trace import record
 
+from .layers import Module
 
-class LayerNorm:
+
+class LayerNorm(Module):
     """``(x - mean) / sqrt(var + eps) * weight + bias``.
 
     The variance is the *biased* one (divide by d, not d - 1) and eps sits inside the
@@ -25,24 +27,20 @@ class LayerNorm:
         self.bias = np.zeros((config.d_model,), dtype) if config.bias else None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.forward_for_backward(x)[0]
-
-    def forward_for_backward(self, x: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
         mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (..., 1), biased
         std = np.sqrt(var + self.eps)  # (..., 1)
         x_hat = (x - mean) / std  # (..., d_model)
         y = x_hat * self.weight  # (..., d_model)
         if self.bias is not None:
-            y = y + self.bias
+            y = y + self.bias  # (..., d_model)
+        self.keep(x_hat=x_hat, std=std)  # differs: numpy-autograd
         record(self, "output", y)
-        return y, (x_hat, std)
+        return y
 
-    def backward(
-        self, saved: tuple[np.ndarray, np.ndarray], grad_output: np.ndarray
-    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """grad_output (..., d_model) -> grad_x (..., d_model), {"weight": (d_model,), "bias": (d_model,)}."""
-        x_hat, std = saved  # (..., d_model), (..., 1)
+        x_hat, std = self.saved.x_hat, self.saved.std  # (..., d_model), (..., 1)
         leading = tuple(range(grad_output.ndim - 1))  # the axes the per-feature weight is shared over
         grads = {"weight": (grad_output * x_hat).sum(axis=leading)}  # (d_model,)
         if self.bias is not None:

@@ -1,25 +1,51 @@
-"""The two building blocks NumPy lacks: a linear layer and an embedding table.
+"""What NumPy lacks and the other frameworks bring: a module base class, a linear layer, dropout.
 
-(PyTorch has ``nn.Linear``/``nn.Embedding`` and Flax ``nnx.Linear``; see
+(PyTorch has ``nn.Module``/``nn.Linear`` and Flax ``nnx.Module``/``nnx.Linear``; see
 ``transformer_spec.schema`` for how their layouts map onto ours.)
 
 NumPy has no autograd, so every module here also has a hand-written backward pass
-(llm.c style), next to its forward:
+(llm.c style), in the same class, right after its forward:
 
-* ``forward_for_backward(...)`` returns ``(what __call__ returns, saved)``: the same
-  computation (``__call__`` calls it and drops ``saved``), plus the intermediate arrays
-  the backward pass needs.
-* ``backward(saved, grad_output)`` returns ``(grad_inputs, grads)``: the gradient of a
-  scalar loss with respect to the float inputs, and ``grads``, a dict from parameter
-  names relative to the module (``"w_q.weight"``) to gradients, named exactly as in
-  ``transformer_spec.param_schema``. Gradients with respect to integer ids are None.
+* ``__call__(...)`` is the forward pass, the same text as torch's ``forward``. Inside
+  ``with enable_grad():`` it also keeps, by name, what its backward needs:
+  ``self.keep(x_hat=x_hat, std=std)``; outside (inference, the default) it keeps nothing.
+  (torch's autograd, too, records only while gradients are enabled.)
+* ``backward(grad_output)`` reads those names from ``self.saved`` and returns
+  ``(grad_input, grads)``: the gradient of a scalar loss with respect to the float
+  input(s), and ``grads``, a dict from parameter names relative to the module
+  (``"w_q.weight"``) to gradients, named exactly as in ``transformer_spec.param_schema``.
+  Gradients with respect to integer ids are None.
+
+A module keeps the values of its *last* forward call: ``backward`` follows the forward it
+belongs to (no module is called twice in one forward pass of these models).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import numpy as np
+
+_grad = threading.local()  # per thread, as torch's grad mode
+
+
+@contextmanager
+def enable_grad() -> Iterator[None]:
+    """Inside: every module's forward keeps what its backward needs (``Module.keep``)."""
+    previous = is_grad_enabled()
+    _grad.enabled = True
+    try:
+        yield
+    finally:
+        _grad.enabled = previous
+
+
+def is_grad_enabled() -> bool:
+    """Whether forward passes keep values for ``backward`` now (off by default: inference keeps nothing)."""
+    return getattr(_grad, "enabled", False)
 
 
 def with_prefix(prefix: str, grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -27,28 +53,50 @@ def with_prefix(prefix: str, grads: Mapping[str, np.ndarray]) -> dict[str, np.nd
     return {f"{prefix}.{name}": grad for name, grad in grads.items()}
 
 
-class Linear:
+class Module:
+    """What ``nn.Module`` and ``nnx.Module`` give the other backends' modules, cut down to what
+    NumPy modules need: the training/inference switch (for dropout), and a place to keep,
+    by name, what the hand-written backward needs."""
+
+    saved: SimpleNamespace | None = None  # what the last forward kept for ``backward``, by name
+
+    def keep(self, **values: np.ndarray | None) -> None:
+        """Keep ``values`` (by name) for ``backward``, only while gradients are enabled; in
+        inference, drop whatever an earlier forward kept."""
+        self.saved = SimpleNamespace(**values) if is_grad_enabled() else None
+
+    def train(self, mode: bool = True):
+        """Training mode (dropout on), or inference mode with ``mode=False``; returns self."""
+        for _, module in named_submodules(self):
+            if isinstance(module, Dropout):
+                module.training = mode
+        return self
+
+    def eval(self):
+        """Inference mode: every Dropout is the identity."""
+        return self.train(False)
+
+
+class Linear(Module):
     """``x @ weight + bias`` with ``weight`` stored [in, out], as in the paper's equations."""
 
     def __init__(self, d_in: int, d_out: int, bias: bool = True, dtype: str = "float32"):
-        self.weight = np.zeros((d_in, d_out), dtype)
-        self.bias = np.zeros((d_out,), dtype) if bias else None
+        self.weight = np.zeros((d_in, d_out), dtype)  # (d_in, d_out)
+        self.bias = np.zeros((d_out,), dtype) if bias else None  # (d_out,)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.forward_for_backward(x)[0]
-
-    def forward_for_backward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # All positions as the rows of one matrix: NumPy runs (B, T, d_in) @ W as B separate
         # BLAS calls, (B T, d_in) @ W as one big one (1.1-1.3x faster at BERT-base sizes).
         rows = x.reshape(-1, x.shape[-1])  # (N, d_in), N = the product of the leading dims
         y = (rows @ self.weight).reshape(*x.shape[:-1], self.weight.shape[1])  # (N, d_in) @ (d_in, d_out)
         if self.bias is not None:
-            y += self.bias  # in place: y is a new array, so no second (..., d_out) one
-        return y, x  # the backward needs only the input
+            y += self.bias  # (..., d_out), in place: y is a new array, so no second one
+        self.keep(x=x)  # (..., d_in): the only value the backward needs
+        return y
 
-    def backward(self, saved: np.ndarray, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """grad_output (..., d_out) -> grad_x (..., d_in), {"weight": (d_in, d_out), "bias": (d_out,)}."""
-        x = saved  # (..., d_in)
+        x = self.saved.x  # (..., d_in)
         # y = x W: dx = dy W^T
         grad_x = grad_output @ self.weight.T  # (..., d_out) @ (d_out, d_in) -> (..., d_in)
         # every position used the same W: its gradient sums x^T dy over all of them
@@ -60,7 +108,7 @@ class Linear:
         return grad_x, grads
 
 
-class Dropout:
+class Dropout(Module):
     """In training mode, zero each element with probability ``rate`` and scale the rest by
     1 / (1 - rate), so that the expected value is unchanged and inference needs no
     rescaling ("inverted dropout", as torch and Flax do). In inference mode: the identity.
@@ -75,36 +123,18 @@ class Dropout:
         self.rng = np.random.default_rng(0)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.forward_for_backward(x)[0]
-
-    def forward_for_backward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """-> (x with dropped elements 0 and the rest scaled, the multiplier used: None when
-        nothing is dropped, else 0 or 1 / (1 - rate) per element)."""
         if not self.training or self.rate == 0:
-            return x, None
-        keep = self.rng.random(x.shape) >= self.rate  # True with probability 1 - rate
-        multiplier = keep.astype(x.dtype) / (1.0 - self.rate)  # (..., ) like x
-        return x * multiplier, multiplier
+            self.keep(multiplier=None)  # nothing dropped
+            return x
+        keep = self.rng.random(x.shape) >= self.rate  # (...,) like x: True with probability 1 - rate
+        multiplier = keep.astype(x.dtype) / (1.0 - self.rate)  # (...,) like x: 0 or 1 / (1 - rate)
+        self.keep(multiplier=multiplier)
+        return x * multiplier  # (...,) like x
 
-    def backward(self, saved: np.ndarray | None, grad_output: np.ndarray) -> tuple[np.ndarray, dict]:
+    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict]:
         """The same multiplier: dropped elements pass no gradient, kept ones 1 / (1 - rate) of it."""
-        return (grad_output if saved is None else grad_output * saved), {}
-
-
-class Module:
-    """What ``nn.Module`` and ``nnx.Module`` give the other backends' modules, cut down to the
-    one thing NumPy modules need: the training/inference switch (for dropout)."""
-
-    def train(self, mode: bool = True):
-        """Training mode (dropout on), or inference mode with ``mode=False``; returns self."""
-        for _, module in named_submodules(self):
-            if isinstance(module, Dropout):
-                module.training = mode
-        return self
-
-    def eval(self):
-        """Inference mode: every Dropout is the identity."""
-        return self.train(False)
+        multiplier = self.saved.multiplier  # (...,) like x, or None
+        return (grad_output if multiplier is None else grad_output * multiplier), {}  # (...,) like x
 
 
 def seed_dropout(model, seed: int) -> None:

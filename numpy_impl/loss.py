@@ -25,12 +25,6 @@ from .validate import check_token_ids
 
 def cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id: int, label_smoothing: float = 0.0) -> np.ndarray:
     """logits (B, T, V), targets (B, T) -> the mean loss over non-pad targets, a 0-d array."""
-    return cross_entropy_for_backward(logits, targets, pad_id, label_smoothing)[0]
-
-
-def cross_entropy_for_backward(
-    logits: np.ndarray, targets: np.ndarray, pad_id: int, label_smoothing: float = 0.0
-) -> tuple[np.ndarray, tuple]:
     check_loss_inputs(logits.shape, targets.shape, label_smoothing)
     check_token_ids("targets", targets, logits.shape[-1], None)
     # log-softmax is unchanged by a shift of the logits; shifting by the row max avoids overflow
@@ -41,21 +35,26 @@ def cross_entropy_for_backward(
     per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth  # (B, T)
     real = targets != pad_id  # (B, T): positions that count
     count = max(int(real.sum()), 1)  # all padding: 0 / 1, not 0 / 0 (a Python int keeps float32 float32)
-    loss = np.where(real, per_token, 0.0).sum() / count  # ()
-    return loss, (log_probs, targets, real, count, label_smoothing)
+    return np.where(real, per_token, 0.0).sum() / count  # ()
 
 
-def cross_entropy_backward(saved: tuple, grad_loss: float = 1.0) -> np.ndarray:
+def cross_entropy_backward(
+    logits: np.ndarray, targets: np.ndarray, pad_id: int, label_smoothing: float = 0.0, grad_loss: float = 1.0
+) -> np.ndarray:
     """-> grad_logits (B, T, V): (p - q) / count at counted positions, 0 at padding.
 
     With q the smoothed target distribution (1 - eps) onehot(y) + eps / V, loss_t is
     -sum_v q_v log p_v, and since sum_v q_v = 1 its gradient is d loss_t / dz = p - q.
+    A function, not a module: it needs nothing kept from the forward but its inputs.
     """
-    log_probs, targets, real, count, label_smoothing = saved
-    vocab_size = log_probs.shape[-1]
-    probs = np.exp(log_probs)  # (B, T, V)
+    vocab_size = logits.shape[-1]
+    shifted = logits - logits.max(axis=-1, keepdims=True)  # (B, T, V)
+    exp = np.exp(shifted)  # (B, T, V)
+    probs = exp / exp.sum(axis=-1, keepdims=True)  # (B, T, V): softmax
     smoothed = np.full_like(probs, label_smoothing / vocab_size)  # (B, T, V): eps / V everywhere
     at_target = 1.0 - label_smoothing + label_smoothing / vocab_size  # q at the target: (1 - eps) + eps / V
     np.put_along_axis(smoothed, targets[..., None], at_target, axis=-1)  # (B, T, 1) entries of (B, T, V)
+    real = targets != pad_id  # (B, T): positions that count
+    count = max(int(real.sum()), 1)  # as in the forward
     # the mean's 1 / count at counted positions, 0 at padding
     return (probs - smoothed) * (grad_loss / count) * real[..., None]  # (B, T, V)

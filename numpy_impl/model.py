@@ -1,13 +1,17 @@
-"""Whole models: encoder-decoder (the paper), decoder-only LM (the seeds), encoder-only (BERT)."""
+"""Whole models: encoder-decoder (the paper), decoder-only LM, encoder-only (BERT)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
 from transformer_spec import Config, ModelOutput
-from transformer_spec.checks import check_model_kind
+from transformer_spec.checks import (
+    check_model_kind,
+    check_no_token_types,
+    check_same_batch,
+    check_same_shape,
+    checks_inputs_once,
+)
 from transformer_spec.trace import record
 
 from .decoder import Decoder
@@ -15,10 +19,10 @@ from .embeddings import Embeddings
 from .encoder import Encoder
 from .layers import Linear, Module, seed_dropout, with_prefix
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
-from .validate import check_token_ids
+from .validate import check_mask, check_token_ids
 
 
-class Generator:
+class Generator(Module):
     """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
     target embedding table, transposed (paper, section 3.4), and has no weights of its own.
     The model passes that table in on each call rather than the generator keeping a second
@@ -28,29 +32,25 @@ class Generator:
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
 
     def __call__(self, x: np.ndarray, embedding: np.ndarray) -> np.ndarray:
-        return self.forward_for_backward(x, embedding)[0]
-
-    def forward_for_backward(self, x: np.ndarray, embedding: np.ndarray) -> tuple[np.ndarray, Any]:
         if self.proj is None:
-            logits, saved = x @ embedding.T, (x, embedding)  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
+            logits = x @ embedding.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
         else:
-            logits, saved = self.proj.forward_for_backward(x)  # (B, T, V)
+            logits = self.proj(x)  # (B, T, V)
+        self.keep(x=x, embedding=embedding)  # differs: numpy-autograd
         record(self, "logits", logits)
-        return logits, saved
+        return logits
 
-    def backward(
-        self, saved: Any, grad_output: np.ndarray
-    ) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
+    def backward(self, grad_output: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
         """grad_output (B, T, V) -> (grad_x (B, T, d_model), grad_embedding (V, d_model) when tied, else None),
         grads of the projection (none when tied: the model adds grad_embedding to the embedding's)."""
         if self.proj is None:
-            x, embedding = saved  # (B, T, d_model), (V, d_model)
+            x, embedding = self.saved.x, self.saved.embedding  # (B, T, d_model), (V, d_model)
             # logits = x E^T: dx = dlogits E, dE = dlogits^T x summed over every position
             grad_x = grad_output @ embedding  # (B, T, V) @ (V, d_model) -> (B, T, d_model)
             rows_grad = grad_output.reshape(-1, grad_output.shape[-1])  # (N, V)
             grad_embedding = rows_grad.T @ x.reshape(-1, x.shape[-1])  # (V, N) @ (N, d_model) -> (V, d_model)
             return (grad_x, grad_embedding), {}
-        grad_x, proj_grads = self.proj.backward(saved, grad_output)  # (B, T, d_model)
+        grad_x, proj_grads = self.proj.backward(grad_output)  # (B, T, d_model)
         return (grad_x, None), with_prefix("proj", proj_grads)
 
 
@@ -71,32 +71,31 @@ class Transformer(Module):
 
     def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
-        return self.encode_for_backward(src_ids, src_mask, need_weights, need_hidden_states, save=False)[0]
-
-    def encode_for_backward(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False, save=True):
         if src_mask is None:
             src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
-        x, src_embed_saved = self.src_embed.forward_for_backward(src_ids)  # (B, T_src, d_model)
-        result, encoder_saved = self.encoder.forward_for_backward(x, src_mask, need_weights, need_hidden_states, save)
-        return result, (src_embed_saved, encoder_saved)
+        return self.encoder(self.src_embed(src_ids), src_mask, need_weights, need_hidden_states)
 
     def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights."""
-        return self.decode_for_backward(
-            tgt_ids, memory, tgt_mask, memory_mask, need_weights, need_hidden_states, save=False
-        )[0]
-
-    def decode_for_backward(
-        self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False, save=True
-    ):
         if tgt_mask is None:
             tgt_mask = make_decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
-        x, tgt_embed_saved = self.tgt_embed.forward_for_backward(tgt_ids)  # (B, T_tgt, d_model)
-        result, decoder_saved = self.decoder.forward_for_backward(
-            x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states, save
-        )
-        return result, (tgt_embed_saved, decoder_saved)
+        return self.decoder(self.tgt_embed(tgt_ids), memory, tgt_mask, memory_mask, need_weights, need_hidden_states)
 
+    def check_inputs(
+        self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None, return_attentions=False,
+        return_hidden_states=False,
+    ) -> None:  # fmt: skip
+        """Every input, checked once, in the order the forward meets them; the submodules trust them."""
+        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
+        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
+        (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
+        check_mask("mask", src_mask, (b_src, heads, t_src, t_src))  # the encoder's self-attention
+        check_mask("mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt))  # the decoder's self-attention
+        memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
+        check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
+        check_mask("mask", memory_mask, (b_tgt, heads, t_tgt, t_src))
+
+    @checks_inputs_once
     def __call__(
         self,
         src_ids: np.ndarray,
@@ -109,35 +108,16 @@ class Transformer(Module):
     ) -> ModelOutput:
         """Masks left as None are built from the ids and ``config.pad_id``: source padding for
         the encoder and for cross-attention, causal AND target padding for the decoder."""
-        return self.forward_for_backward(
-            src_ids, tgt_ids, src_mask, tgt_mask, memory_mask, return_attentions, return_hidden_states, save=False
-        )[0]
-
-    def forward_for_backward(
-        self,
-        src_ids: np.ndarray,
-        tgt_ids: np.ndarray,
-        src_mask: np.ndarray | None = None,
-        tgt_mask: np.ndarray | None = None,
-        memory_mask: np.ndarray | None = None,
-        return_attentions: bool = False,
-        return_hidden_states: bool = False,
-        save: bool = True,
-    ) -> tuple[ModelOutput, tuple]:
-        """``__call__`` plus what ``backward`` needs; ``save=False`` keeps none of it (inference)."""
-        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
-        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
-        (memory, encoder_hidden, encoder_attentions), encode_saved = self.encode_for_backward(
-            src_ids, src_mask, return_attentions, return_hidden_states, save
+        memory, encoder_hidden, encoder_attentions = self.encode(
+            src_ids, src_mask, return_attentions, return_hidden_states
         )  # (B, T_src, d_model), ...
         if memory_mask is None:
             memory_mask = make_cross_attention_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
-        (x, hidden, self_attentions, cross_attentions), decode_saved = self.decode_for_backward(
-            tgt_ids, memory, tgt_mask, memory_mask, return_attentions, return_hidden_states, save
+        x, hidden, self_attentions, cross_attentions = self.decode(
+            tgt_ids, memory, tgt_mask, memory_mask, return_attentions, return_hidden_states
         )  # (B, T_tgt, d_model), ...
-        logits, generator_saved = self.generator.forward_for_backward(x, self.tgt_embed.token.weight)
-        output = ModelOutput(
-            logits=logits,  # (B, T_tgt, tgt_vocab)
+        return ModelOutput(
+            logits=self.generator(x, self.tgt_embed.token.weight),  # (B, T_tgt, tgt_vocab)
             last_hidden_state=x,
             hidden_states=hidden,
             attentions=self_attentions,
@@ -146,19 +126,17 @@ class Transformer(Module):
             encoder_hidden_states=encoder_hidden,
             encoder_attentions=encoder_attentions,
         )
-        return output, (encode_saved, decode_saved, generator_saved)
 
-    def backward(self, saved: tuple, grad_logits: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_logits: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
         """grad_logits (B, T_tgt, tgt_vocab) -> (None: ids have no gradient, a gradient for every
         parameter, named as in ``param_schema``). The forward pass, run backwards."""
-        (src_embed_saved, encoder_saved), (tgt_embed_saved, decoder_saved), generator_saved = saved
         # (B, T_tgt, d_model), and (tgt_vocab, d_model) when the output is tied to the target table
-        (grad_x, grad_tied), generator_grads = self.generator.backward(generator_saved, grad_logits)
+        (grad_x, grad_tied), generator_grads = self.generator.backward(grad_logits)
         # (B, T_tgt, d_model), (B, T_src, d_model): the memory's gradient summed over the decoder layers
-        (grad_x, grad_memory), decoder_grads = self.decoder.backward(decoder_saved, grad_x)
-        _, tgt_embed_grads = self.tgt_embed.backward(tgt_embed_saved, grad_x)
-        grad_x, encoder_grads = self.encoder.backward(encoder_saved, grad_memory)  # (B, T_src, d_model)
-        _, src_embed_grads = self.src_embed.backward(src_embed_saved, grad_x)
+        (grad_x, grad_memory), decoder_grads = self.decoder.backward(grad_x)
+        _, tgt_embed_grads = self.tgt_embed.backward(grad_x)
+        grad_x, encoder_grads = self.encoder.backward(grad_memory)  # (B, T_src, d_model)
+        _, src_embed_grads = self.src_embed.backward(grad_x)
         if grad_tied is not None:  # tied output: the target table was used twice, its gradients add up
             tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied
         grads = (
@@ -184,6 +162,13 @@ class TransformerLM(Module):
         self.generator = Generator(config, dtype)
         seed_dropout(self, 0)  # every Dropout its own generator (they would otherwise all start alike)
 
+    def check_inputs(self, ids, mask=None, return_attentions=False, return_hidden_states=False) -> None:
+        """Every input, checked once; the submodules trust them."""
+        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
+        batch, seq_len = ids.shape
+        check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
+
+    @checks_inputs_once
     def __call__(
         self,
         ids: np.ndarray,
@@ -191,41 +176,25 @@ class TransformerLM(Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
-        return self.forward_for_backward(ids, mask, return_attentions, return_hidden_states, save=False)[0]
-
-    def forward_for_backward(
-        self,
-        ids: np.ndarray,
-        mask: np.ndarray | None = None,
-        return_attentions: bool = False,
-        return_hidden_states: bool = False,
-        save: bool = True,
-    ) -> tuple[ModelOutput, tuple]:
-        """``__call__`` plus what ``backward`` needs; ``save=False`` keeps none of it (inference)."""
-        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
         if mask is None:
             mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
-        x, tgt_embed_saved = self.tgt_embed.forward_for_backward(ids)  # (B, T, d_model)
-        (x, hidden, attentions, _), decoder_saved = self.decoder.forward_for_backward(
-            x, None, mask, None, return_attentions, return_hidden_states, save
+        x, hidden, attentions, _ = self.decoder(
+            self.tgt_embed(ids), None, mask, None, return_attentions, return_hidden_states
         )  # (B, T, d_model), ...
-        logits, generator_saved = self.generator.forward_for_backward(x, self.tgt_embed.token.weight)  # (B, T, V)
-        output = ModelOutput(
-            logits=logits,
+        return ModelOutput(
+            logits=self.generator(x, self.tgt_embed.token.weight),  # (B, T, tgt_vocab)
             last_hidden_state=x,
             hidden_states=hidden,
             attentions=attentions,
         )
-        return output, (tgt_embed_saved, decoder_saved, generator_saved)
 
-    def backward(self, saved: tuple, grad_logits: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_logits: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
         """grad_logits (B, T, tgt_vocab) -> (None: ids have no gradient, a gradient for every
         parameter, named as in ``param_schema``)."""
-        tgt_embed_saved, decoder_saved, generator_saved = saved
         # (B, T, d_model), and (tgt_vocab, d_model) when the output is tied to the table
-        (grad_x, grad_tied), generator_grads = self.generator.backward(generator_saved, grad_logits)
-        (grad_x, _), decoder_grads = self.decoder.backward(decoder_saved, grad_x)  # (B, T, d_model), no memory
-        _, tgt_embed_grads = self.tgt_embed.backward(tgt_embed_saved, grad_x)
+        (grad_x, grad_tied), generator_grads = self.generator.backward(grad_logits)
+        (grad_x, _), decoder_grads = self.decoder.backward(grad_x)  # (B, T, d_model), no memory
+        _, tgt_embed_grads = self.tgt_embed.backward(grad_x)
         if grad_tied is not None:  # tied output: the table was used twice, its gradients add up
             tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied
         grads = (
@@ -236,7 +205,7 @@ class TransformerLM(Module):
         return None, grads
 
 
-class Pooler:
+class Pooler(Module):
     """BERT's pooler: tanh(h_first @ W + b), the first ([CLS]) token's final vector through a
     dense layer. Trained on next-sentence prediction; sentence embeddings usually mean-pool
     ``last_hidden_state`` instead."""
@@ -263,6 +232,21 @@ class TransformerEncoderModel(Module):
         self.pooler = Pooler(config, dtype) if config.pooler else None
         seed_dropout(self, 0)  # every Dropout its own generator (they would otherwise all start alike)
 
+    def check_inputs(
+        self, ids, token_type_ids=None, mask=None, return_attentions=False, return_hidden_states=False
+    ) -> None:
+        """Every input, checked once; the submodules trust them."""
+        check_token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len)
+        if self.src_embed.token_type is None:
+            if token_type_ids is not None:
+                check_no_token_types()
+        elif token_type_ids is not None:  # None becomes zeros: always in range
+            check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
+            check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
+        batch, seq_len = ids.shape
+        check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
+
+    @checks_inputs_once
     def __call__(
         self,
         ids: np.ndarray,
@@ -271,12 +255,11 @@ class TransformerEncoderModel(Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
-        check_token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len)
         if mask is None:
             mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         x, hidden, attentions = self.encoder(
             self.src_embed(ids, token_type_ids), mask, return_attentions, return_hidden_states
-        )
+        )  # (B, T, d_model), ...
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, d_model)
         return ModelOutput(last_hidden_state=x, hidden_states=hidden, attentions=attentions, pooler_output=pooled)
 

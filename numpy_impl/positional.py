@@ -8,6 +8,8 @@ import numpy as np
 
 from transformer_spec import Config
 
+from .layers import Module
+
 
 def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> np.ndarray:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
@@ -24,38 +26,33 @@ def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> np.n
     return pe.astype(dtype)
 
 
-class SinusoidalPositionalEncoding:
+class SinusoidalPositionalEncoding(Module):
     """A fixed table, not a parameter: nothing of it is saved in the weights."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.pe = sinusoidal_table(config.max_len, config.d_model, dtype)  # (max_len, d_model)
 
     def __call__(self, seq_len: int, offset: int = 0) -> np.ndarray:
-        return self.forward_for_backward(seq_len, offset)[0]
+        return self.pe[offset : offset + seq_len]  # (T, d_model)
 
-    def forward_for_backward(self, seq_len: int, offset: int = 0) -> tuple[np.ndarray, None]:
-        return self.pe[offset : offset + seq_len], None  # (T, d_model)
-
-    def backward(self, saved: None, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
         """A constant of the positions: no parameters, and integer positions have no gradient."""
         return None, {}
 
 
-class LearnedPositionalEmbedding:
+class LearnedPositionalEmbedding(Module):
     """One trained vector per position (BERT, GPT)."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.weight = np.zeros((config.max_len, config.d_model), dtype)
 
     def __call__(self, seq_len: int, offset: int = 0) -> np.ndarray:
-        return self.forward_for_backward(seq_len, offset)[0]
+        self.keep(seq_len=seq_len, offset=offset)  # differs: numpy-autograd
+        return self.weight[offset : offset + seq_len]  # (T, d_model)
 
-    def forward_for_backward(self, seq_len: int, offset: int = 0) -> tuple[np.ndarray, tuple[int, int]]:
-        return self.weight[offset : offset + seq_len], (seq_len, offset)  # (T, d_model)
-
-    def backward(self, saved: tuple[int, int], grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
         """grad_output (T, d_model) -> {"weight": (max_len, d_model)}: the rows read get it, the others 0."""
-        seq_len, offset = saved
+        seq_len, offset = self.saved.seq_len, self.saved.offset
         grad_weight = np.zeros_like(self.weight)  # (max_len, d_model)
         grad_weight[offset : offset + seq_len] = grad_output  # (T, d_model): a slice passes gradient through
         return None, {"weight": grad_weight}

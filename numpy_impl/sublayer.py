@@ -26,69 +26,37 @@ def sublayer_connection(
     (section 5.4: "to the output of each sub-layer, before it is added to the
     sub-layer input") is the identity in inference mode.
     """
-    result, _ = sublayer_connection_for_backward(x, lambda h: (sublayer(h), None), norm, norm_first, dropout)
-    return result
-
-
-def sublayer_connection_for_backward(
-    x: np.ndarray,
-    sublayer: Callable[[np.ndarray], tuple[tuple[np.ndarray, Any], Any]],
-    norm: LayerNorm,
-    norm_first: bool,
-    dropout: Dropout | None = None,
-) -> tuple[tuple[np.ndarray, Any], tuple]:
-    """``sublayer_connection`` that also keeps what its backward needs: -> ((output, extra), saved).
-
-    Here ``sublayer`` is a ``forward_for_backward``: ``sublayer(h)`` -> ((output, extra), its saved).
-    """
-    dropout_saved = None
+    if dropout is None:
+        dropout = lambda y: y  # noqa: E731
     if norm_first:
-        h, norm_saved = norm.forward_for_backward(x)  # (B, T, d_model)
-        (y, extra), sublayer_saved = sublayer(h)  # (B, T, d_model)
-        if dropout is not None:
-            y, dropout_saved = dropout.forward_for_backward(y)  # (B, T, d_model)
-        return (x + y, extra), (norm_saved, sublayer_saved, dropout_saved)
-    (y, extra), sublayer_saved = sublayer(x)  # (B, T, d_model)
-    if dropout is not None:
-        y, dropout_saved = dropout.forward_for_backward(y)  # (B, T, d_model)
-    output, norm_saved = norm.forward_for_backward(x + y)  # (B, T, d_model)
-    return (output, extra), (norm_saved, sublayer_saved, dropout_saved)
+        y, extra = sublayer(norm(x))  # (B, T, d_model)
+        return x + dropout(y), extra  # (B, T, d_model)
+    y, extra = sublayer(x)  # (B, T, d_model)
+    return norm(x + dropout(y)), extra  # (B, T, d_model)
 
 
 def sublayer_connection_backward(
-    saved: tuple,
     grad_output: np.ndarray,
-    sublayer_backward: Callable[[Any, np.ndarray], tuple[np.ndarray, Any]],
+    sublayer_backward: Callable[[np.ndarray], tuple[np.ndarray, Any]],
     norm: LayerNorm,
     norm_first: bool,
     dropout: Dropout | None = None,
 ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
     """grad_output (B, T, d_model) -> (grad_x (B, T, d_model), the norm's grads, the sublayer's rest).
 
-    ``sublayer_backward(sublayer_saved, grad_y)`` -> (grad_h, rest): the gradient with
-    respect to the sub-layer's input h, and whatever else it returns (its grads).
+    Each module of the connection kept what its backward needs in its forward call.
+    ``sublayer_backward(grad_y)`` -> (grad_h, rest): the gradient with respect to the
+    sub-layer's input h, and whatever else it returns (its grads).
     """
-    norm_saved, sublayer_saved, dropout_saved = saved
     if norm_first:
         # output = x + dropout(sublayer(norm(x))): the residual hands grad_output to x
         # unchanged, and the sub-layer path adds its own part
-        grad_y = grad_output if dropout is None else dropout.backward(dropout_saved, grad_output)[0]
-        grad_h, rest = sublayer_backward(sublayer_saved, grad_y)  # (B, T, d_model)
-        grad_x_through_norm, norm_grads = norm.backward(norm_saved, grad_h)  # (B, T, d_model)
-        return grad_output + grad_x_through_norm, norm_grads, rest
+        grad_y = grad_output if dropout is None else dropout.backward(grad_output)[0]  # (B, T, d_model)
+        grad_h, rest = sublayer_backward(grad_y)  # (B, T, d_model)
+        grad_x_through_norm, norm_grads = norm.backward(grad_h)  # (B, T, d_model)
+        return grad_output + grad_x_through_norm, norm_grads, rest  # (B, T, d_model)
     # output = norm(x + dropout(sublayer(x))): first back through the norm to the sum
-    grad_sum, norm_grads = norm.backward(norm_saved, grad_output)  # (B, T, d_model)
-    grad_y = grad_sum if dropout is None else dropout.backward(dropout_saved, grad_sum)[0]
-    grad_x_through_sublayer, rest = sublayer_backward(sublayer_saved, grad_y)  # (B, T, d_model)
-    return grad_sum + grad_x_through_sublayer, norm_grads, rest
-
-
-def without_extra(forward_for_backward: Callable[[np.ndarray], tuple[np.ndarray, Any]]) -> Callable:
-    """Adapts a sub-layer without an extra output (the feed-forward network) to the
-    protocol above: h -> ((output, None), saved)."""
-
-    def sublayer(h: np.ndarray) -> tuple[tuple[np.ndarray, None], Any]:
-        output, saved = forward_for_backward(h)  # (B, T, d_model)
-        return (output, None), saved
-
-    return sublayer
+    grad_sum, norm_grads = norm.backward(grad_output)  # (B, T, d_model)
+    grad_y = grad_sum if dropout is None else dropout.backward(grad_sum)[0]  # (B, T, d_model)
+    grad_x_through_sublayer, rest = sublayer_backward(grad_y)  # (B, T, d_model)
+    return grad_sum + grad_x_through_sublayer, norm_grads, rest  # (B, T, d_model)

@@ -1,8 +1,8 @@
 """The loss of a batch and its gradient with respect to every parameter, by the hand-written backward.
 
-NumPy has no autograd: ``model.forward_for_backward`` runs the forward pass keeping what
-each module's ``backward`` needs, and ``model.backward`` runs it in reverse, module by
-module, from the loss's gradient down to the embeddings (llm.c style). torch_impl gets
+NumPy has no autograd: inside ``enable_grad()`` the forward pass keeps, in each module,
+what that module's ``backward`` needs, and ``model.backward`` runs it in reverse, module
+by module, from the loss's gradient down to the embeddings (llm.c style). torch_impl gets
 the same numbers from ``torch.autograd``, jax_impl from ``jax.grad``.
 """
 
@@ -16,7 +16,8 @@ import numpy as np
 from transformer_spec import param_schema
 from transformer_spec.batches import split_batch
 
-from .loss import cross_entropy_backward, cross_entropy_for_backward
+from .layers import enable_grad
+from .loss import cross_entropy, cross_entropy_backward
 
 
 def loss_and_grads(
@@ -29,10 +30,10 @@ def loss_and_grads(
     canonical names and [in, out] layout of ``param_schema``, in its order.
     """
     inputs, targets = split_batch(model.config, batch)
-    output, saved = model.forward_for_backward(*(np.asarray(x) for x in inputs))
-    loss, loss_saved = cross_entropy_for_backward(
-        output.logits, np.asarray(targets), model.config.pad_id, label_smoothing
-    )  # (), ...
-    grad_logits = cross_entropy_backward(loss_saved)  # (B, T, V): d loss / d logits
-    _, grads = model.backward(saved, grad_logits)
+    with enable_grad():  # every module keeps what its backward needs
+        output = model(*(np.asarray(x) for x in inputs))
+    targets = np.asarray(targets)  # (B, T)
+    loss = cross_entropy(output.logits, targets, model.config.pad_id, label_smoothing)  # ()
+    grad_logits = cross_entropy_backward(output.logits, targets, model.config.pad_id, label_smoothing)  # (B, T, V)
+    _, grads = model.backward(grad_logits)
     return float(loss), {name: grads[name] for name in param_schema(model.config)}

@@ -17,9 +17,9 @@ import pytest
 
 from numpy_impl.attention import masked_softmax_backward, scaled_dot_product_attention_backward
 from numpy_impl.feed_forward import ACTIVATION_BACKWARDS
-from numpy_impl.loss import cross_entropy_backward, cross_entropy_for_backward
-from numpy_impl.params import _parent
-from transformer_spec import Config, init_params, param_schema
+from numpy_impl.layers import enable_grad
+from numpy_impl.loss import cross_entropy_backward
+from transformer_spec import Config, init_params, param_schema, parent_of
 from transformer_spec.batches import decoder_only_batch, encoder_decoder_batch, shift_targets, split_batch
 
 from .cases import TINY, VARIANTS, as_kind, hidden, token_ids, variant_params
@@ -85,7 +85,7 @@ def output_weights(shape: tuple, seed: int = 7) -> np.ndarray:
 
 def module_arrays(module, component: str, config: Config) -> dict[str, np.ndarray]:
     """The module's own parameter arrays, by canonical name (perturbing them changes the module)."""
-    return {name: getattr(*_parent(module, name)) for name in param_schema(config, component)}
+    return {name: getattr(*parent_of(module, name)) for name in param_schema(config, component)}
 
 
 def build(reference, class_name: str, config: Config):
@@ -147,9 +147,10 @@ def test_linear_backward_matches_finite_differences(reference):
     linear = reference.impl.Linear(7, 4, bias=True, dtype="float64")
     linear.weight[...], linear.bias[...] = rng.standard_normal((7, 4)), rng.standard_normal(4)
     x = rng.standard_normal((3, 5, 7))
-    output, saved = linear.forward_for_backward(x)
+    with enable_grad():  # the modules keep what their backward needs
+        output = linear(x)
     r = output_weights(output.shape)
-    grad_x, grads = linear.backward(saved, r)
+    grad_x, grads = linear.backward(r)
     loss = lambda: float((linear(x) * r).sum())
     arrays = {"x": x, "weight": linear.weight, "bias": linear.bias}
     check_finite_differences("linear", loss, arrays, {"x": grad_x} | grads, full_up_to=200)
@@ -161,9 +162,10 @@ def test_layer_norm_backward_matches_finite_differences(reference, eps, bias):
     config = TINY.replace(layer_norm_eps=eps, bias=bias)
     norm, schema = build(reference, "LayerNorm", config)
     x = hidden(3, 7, config.d_model) * 2.0 + 3.0
-    output, saved = norm.forward_for_backward(x)
+    with enable_grad():  # the modules keep what their backward needs
+        output = norm(x)
     r = output_weights(output.shape)
-    grad_x, grads = norm.backward(saved, r)
+    grad_x, grads = norm.backward(r)
     loss = lambda: float((norm(x) * r).sum())
     arrays = {"x": x} | module_arrays(norm, schema, config)
     check_finite_differences("layer norm", loss, arrays, {"x": grad_x} | grads)
@@ -173,9 +175,10 @@ def test_layer_norm_backward_matches_finite_differences(reference, eps, bias):
 def test_feed_forward_backward_matches_finite_differences(reference, config):
     ffn, schema = build(reference, "PositionwiseFeedForward", config)
     x = hidden(3, 5, config.d_model)
-    output, saved = ffn.forward_for_backward(x)
+    with enable_grad():  # the modules keep what their backward needs
+        output = ffn(x)
     r = output_weights(output.shape)
-    grad_x, grads = ffn.backward(saved, r)
+    grad_x, grads = ffn.backward(r)
     loss = lambda: float((ffn(x) * r).sum())
     arrays = {"x": x} | module_arrays(ffn, schema, config)
     check_finite_differences(f"feed-forward ({config.activation})", loss, arrays, {"x": grad_x} | grads)
@@ -198,9 +201,10 @@ def test_cross_attention_backward_matches_finite_differences(reference, config):
         hidden(3, 11, config.d_model, seed=3),
     )
     mask = reference.impl.make_padding_mask(token_ids(53, 3, 11, pad=True), 0)  # (3, 1, 1, 11)
-    (output, _), saved = attention.forward_for_backward(query, key, value, mask)
+    with enable_grad():  # the modules keep what their backward needs
+        (output, _) = attention(query, key, value, mask)
     r = output_weights(output.shape)
-    (grad_query, grad_key, grad_value), grads = attention.backward(saved, r)
+    (grad_query, grad_key, grad_value), grads = attention.backward(r)
     loss = lambda: float((attention(query, key, value, mask)[0] * r).sum())
     arrays = {"query": query, "key": key, "value": value} | module_arrays(attention, schema, config)
     analytic = {"query": grad_query, "key": grad_key, "value": grad_value} | grads
@@ -213,9 +217,10 @@ def test_self_attention_backward_matches_finite_differences(reference):
     attention, schema = build(reference, "MultiHeadAttention", config)
     x = hidden(3, 7, config.d_model)
     mask = reference.impl.make_decoder_mask(token_ids(47, 3, 7, pad=True), 0)  # (3, 1, 7, 7)
-    (output, _), saved = attention.forward_for_backward(x, x, x, mask)
+    with enable_grad():  # the modules keep what their backward needs
+        (output, _) = attention(x, x, x, mask)
     r = output_weights(output.shape)
-    grad_x, grads = attention.self_attention_backward(saved, r)
+    grad_x, grads = attention.self_attention_backward(r)
     loss = lambda: float((attention(x, x, x, mask)[0] * r).sum())
     arrays = {"x": x} | module_arrays(attention, schema, config)
     check_finite_differences("self-attention", loss, arrays, {"x": grad_x} | grads)
@@ -228,9 +233,10 @@ def test_embeddings_backward_matches_finite_differences(reference, config):
     table's gradient must land on rows 3..13."""
     embeddings, schema = build(reference, "Embeddings", config)
     ids = token_ids(config.src_vocab_size, 3, 11, pad=True)
-    output, saved = embeddings.forward_for_backward(ids, None, 3)
+    with enable_grad():  # the modules keep what their backward needs
+        output = embeddings(ids, None, 3)
     r = output_weights(output.shape)
-    _, grads = embeddings.backward(saved, r)
+    _, grads = embeddings.backward(r)
     if config.positional == "learned":
         assert np.all(grads["position.weight"][:3] == 0) and np.all(grads["position.weight"][14:] == 0)
     loss = lambda: float((embeddings(ids, None, 3) * r).sum())
@@ -244,9 +250,10 @@ def test_bert_embeddings_with_token_types_and_norm_backward_matches_finite_diffe
     embeddings, schema = build(reference, "Embeddings", config)
     ids = token_ids(config.src_vocab_size, 3, 11, pad=True)
     types = (np.arange(11)[None, :] >= 5).astype(np.int64).repeat(3, 0)  # sentence A then sentence B
-    output, saved = embeddings.forward_for_backward(ids, types)
+    with enable_grad():  # the modules keep what their backward needs
+        output = embeddings(ids, types)
     r = output_weights(output.shape)
-    _, grads = embeddings.backward(saved, r)
+    _, grads = embeddings.backward(r)
     loss = lambda: float((embeddings(ids, types) * r).sum())
     check_finite_differences("BERT embeddings", loss, module_arrays(embeddings, schema, config), grads)
 
@@ -257,9 +264,10 @@ def test_encoder_layer_backward_matches_finite_differences(reference, config):
     layer, schema = build(reference, "EncoderLayer", config)
     x = hidden(3, 11, config.d_model)
     mask = reference.impl.make_padding_mask(token_ids(53, 3, 11, pad=True), 0)
-    (output, _), saved = layer.forward_for_backward(x, mask)
+    with enable_grad():  # the modules keep what their backward needs
+        (output, _) = layer(x, mask)
     r = output_weights(output.shape)
-    grad_x, grads = layer.backward(saved, r)
+    grad_x, grads = layer.backward(r)
     loss = lambda: float((layer(x, mask)[0] * r).sum())
     arrays = {"x": x} | module_arrays(layer, schema, config)
     check_finite_differences("encoder layer", loss, arrays, {"x": grad_x} | grads)
@@ -277,9 +285,10 @@ def test_decoder_layer_backward_matches_finite_differences(reference, config, ki
     if config.decoder_has_cross_attention:
         memory = hidden(3, 11, config.d_model, seed=2)
         memory_mask = reference.impl.make_cross_attention_mask(token_ids(53, 3, 11, pad=True, seed=2), 0)
-    (output, _, _), saved = layer.forward_for_backward(x, memory, tgt_mask, memory_mask)
+    with enable_grad():  # the modules keep what their backward needs
+        (output, _, _) = layer(x, memory, tgt_mask, memory_mask)
     r = output_weights(output.shape)
-    (grad_x, grad_memory), grads = layer.backward(saved, r)
+    (grad_x, grad_memory), grads = layer.backward(r)
     loss = lambda: float((layer(x, memory, tgt_mask, memory_mask)[0] * r).sum())
     arrays, analytic = {"x": x} | module_arrays(layer, schema, config), {"x": grad_x} | grads
     if memory is None:
@@ -295,8 +304,7 @@ def test_cross_entropy_backward_matches_finite_differences(reference, label_smoo
     rng = np.random.default_rng(3)
     logits = rng.standard_normal((3, 7, 11)) * 3.0
     targets = token_ids(11, 3, 7, pad=True)  # rows 1 and 2 end in padding (pad_id 0)
-    loss_value, saved = cross_entropy_for_backward(logits, targets, 0, label_smoothing)
-    grad = cross_entropy_backward(saved)
+    grad = cross_entropy_backward(logits, targets, 0, label_smoothing)
     assert np.all(grad[targets == 0] == 0.0), "padding targets contribute nothing"
     loss = lambda: float(reference.impl.cross_entropy(logits, targets, 0, label_smoothing))
     check_finite_differences("cross-entropy", loss, {"logits": logits}, {"logits": grad}, full_up_to=logits.size)
@@ -316,7 +324,7 @@ def check_model_against_finite_differences(reference, config: Config, batch: dic
     assert list(grads) == list(param_schema(config))
     inputs, targets = split_batch(config, batch)
     loss = lambda: float(reference.impl.cross_entropy(model(*inputs).logits, targets, config.pad_id, label_smoothing))
-    arrays = {name: getattr(*_parent(model, name)) for name in grads}
+    arrays = {name: getattr(*parent_of(model, name)) for name in grads}
     check_finite_differences(f"{config.kind} model", loss, arrays, grads, full_up_to=0, samples=2)
 
 
@@ -352,7 +360,7 @@ def test_model_gradients_with_dropout_match_finite_differences_under_fixed_masks
     model.eval()
     assert loss() != pytest.approx(loss_value, rel=1e-6), "dropout 0.3 must change the loss"
     model.train()
-    arrays = {name: getattr(*_parent(model, name)) for name in grads}
+    arrays = {name: getattr(*parent_of(model, name)) for name in grads}
     check_finite_differences(f"{config.kind} model, dropout", loss, arrays, grads, full_up_to=0, samples=2)
 
 

@@ -7,7 +7,10 @@ written once and are the same in NumPy, JAX and PyTorch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 from .schema import Schema
 
@@ -18,6 +21,45 @@ class WeightsError(ValueError):
 
 class WeightsFileError(ValueError):
     """A file that is not one of our safetensors weights files."""
+
+
+# ------------------------------------------------------------------ checked once, at the entry
+# A model checks every input where it enters (its ``check_inputs``); the submodules it calls
+# then trust them, as STYLE.md asks. The component checks below return at once inside
+# ``inputs_checked()``; called directly (a component used on its own), they run. The state
+# is per thread: a model checking its inputs in one thread skips nothing in another.
+_checked = threading.local()
+
+
+@contextmanager
+def inputs_checked() -> Iterator[None]:
+    """Inside: the caller has checked every input; component checks are skipped."""
+    depth = getattr(_checked, "depth", 0)
+    _checked.depth = depth + 1
+    try:
+        yield
+    finally:
+        _checked.depth = depth
+
+
+def caller_checked() -> bool:
+    """Whether a caller (a model's entry) has already checked the inputs of this call."""
+    return getattr(_checked, "depth", 0) > 0
+
+
+def checks_inputs_once(forward: Callable) -> Callable:
+    """Decorates a model's forward: ``self.check_inputs(*args, **kwargs)`` first (unless a caller
+    already did: JAX's ``compiled`` checks eagerly, before jit), then the forward with every
+    submodule's own check skipped."""
+
+    @functools.wraps(forward)
+    def entry(self, *args, **kwargs):
+        if not caller_checked():
+            self.check_inputs(*args, **kwargs)
+        with inputs_checked():
+            return forward(self, *args, **kwargs)
+
+    return entry
 
 
 def _shape(shape: Sequence[int]) -> str:
@@ -34,6 +76,8 @@ def check_token_ids(
     offset: int = 0,
 ) -> None:
     """ids must be an integer (B, T) array whose positions offset .. offset + T - 1 are < max_len."""
+    if caller_checked():
+        return
     if not is_integer:
         raise TypeError(f"{name} must be integer token ids, got dtype {dtype}")
     if len(shape) != 2:
@@ -50,6 +94,8 @@ def check_token_ids(
 
 def check_token_id_range(name: str, bad_ids: Sequence[int], vocab_size: int) -> None:
     """``bad_ids``: the distinct ids outside [0, vocab_size), as the backend found them."""
+    if caller_checked():
+        return
     if len(bad_ids):
         shown = sorted(int(i) for i in bad_ids)[:8]
         raise ValueError(f"{name} must lie in [0, {vocab_size}) (the vocabulary size), but contains {shown}")
@@ -62,6 +108,8 @@ def check_mask(name: str, shape: Sequence[int] | None, dtype: str, is_bool: bool
     Same rank on purpose: a (B, T_k) padding mask would otherwise broadcast against
     (T_q, T_k) and be silently wrong whenever B == T_q.
     """
+    if caller_checked():
+        return
     if shape is None:
         return
     dims = "(B, H, T_q, T_k) = " if len(expected) == 4 else ""
@@ -75,6 +123,8 @@ def check_mask(name: str, shape: Sequence[int] | None, dtype: str, is_bool: bool
 
 def check_attention_inputs(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int]) -> None:
     """q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v), same leading dims."""
+    if caller_checked():
+        return
     q, k, v = tuple(q_shape), tuple(k_shape), tuple(v_shape)
     ok = len(q) >= 2 and len(q) == len(k) == len(v) and q[:-2] == k[:-2] == v[:-2] and q[-1] == k[-1] and k[-2] == v[-2]
     if not ok:
@@ -88,6 +138,8 @@ def check_attention_projections(
     q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], d_model: int
 ) -> None:
     """Multi-head attention inputs: query (B, T_q, d_model), key and value (B, T_k, d_model)."""
+    if caller_checked():
+        return
     q, k, v = tuple(q_shape), tuple(k_shape), tuple(v_shape)
     ok = (
         len(q) == len(k) == len(v) == 3 and q[-1] == k[-1] == v[-1] == d_model and q[0] == k[0] == v[0] and k[1] == v[1]
@@ -101,11 +153,15 @@ def check_attention_projections(
 
 def check_hidden(name: str, shape: Sequence[int], d_model: int) -> None:
     """Activations entering a layer: (B, T, d_model)."""
+    if caller_checked():
+        return
     if len(shape) != 3 or shape[-1] != d_model:
         raise ValueError(f"{name} must have shape (batch, seq_len, d_model={d_model}), got {_shape(shape)}")
 
 
 def check_same_batch(names: tuple[str, str], shapes: tuple[Sequence[int], Sequence[int]]) -> None:
+    if caller_checked():
+        return
     if shapes[0][0] != shapes[1][0]:
         raise ValueError(
             f"{names[0]} and {names[1]} must have the same batch size, got {_shape(shapes[0])} and {_shape(shapes[1])}"
@@ -138,6 +194,8 @@ def check_params(params: Mapping[str, Sequence[int]], schema: Schema, what: str 
 
 
 def check_same_shape(names: tuple[str, str], shapes: tuple[Sequence[int], Sequence[int]]) -> None:
+    if caller_checked():
+        return
     if tuple(shapes[0]) != tuple(shapes[1]):
         raise ValueError(
             f"{names[0]} must have the same shape as {names[1]} {_shape(shapes[1])}, got {_shape(shapes[0])}"

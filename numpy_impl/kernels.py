@@ -1,0 +1,142 @@
+"""Speed, in one place: the fused kernels NumPy runs instead of the written-out math.
+
+The component files show the math as the paper writes it. A teaching function or forward
+that has a faster equivalent carries one marked line, ``@fusable("gelu")``; while fused
+kernels are enabled (the default; ``use_fused_kernels(False)`` or ``with
+fused_kernels(False):`` switches them off) and no trace is recording, the call goes to the
+kernel registered here under that name. A kernel returns ``NotImplemented`` when it does
+not apply to a call (weights requested, gradients being kept, float64 where it would cost
+exactness), and the written-out code runs. ``shared_tests/test_fast_paths.py`` holds every
+kernel equal to the code it replaces.
+
+NumPy's kernels:
+
+* ``gelu``: in float32, erf by a rational approximation (that of Eigen and XLA, within
+  5e-7 of the exact one), block by block so that its dozen passes stay in the CPU's
+  cache; ``scipy.special.erf`` runs a scalar loop (~15 ns an element, most of a BERT
+  forward's GELU time). float64 keeps the exact erf.
+* ``multi_head_attention``: in inference, the attention one (batch entry) at a time, so
+  that the (B, H, T_q, T_k) scores and weights are never all in memory at once (one
+  (H, T_q, T_k) block is), and the softmax works in place on that block.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from transformer_spec.checks import check_attention_inputs, check_attention_projections
+from transformer_spec.trace import is_recording
+
+from .layers import is_grad_enabled
+from .validate import check_mask
+
+__all__ = ["KERNELS", "fusable", "fused_kernels", "fused_kernels_enabled", "use_fused_kernels"]
+
+KERNELS: dict[str, Callable] = {}  # name -> kernel, filled below
+_enabled = [True]  # process-wide, as torch's and JAX's global switches
+
+
+def use_fused_kernels(enabled: bool) -> None:
+    """Switch every fused kernel on (the default) or off (the written-out math everywhere)."""
+    _enabled[0] = bool(enabled)
+
+
+def fused_kernels_enabled() -> bool:
+    return _enabled[0]
+
+
+@contextmanager
+def fused_kernels(enabled: bool) -> Iterator[None]:
+    """``use_fused_kernels(enabled)`` inside the block, the previous setting after it."""
+    previous = _enabled[0]
+    use_fused_kernels(enabled)
+    try:
+        yield
+    finally:
+        _enabled[0] = previous
+
+
+def fusable(name: str) -> Callable[[Callable], Callable]:
+    """Marks a teaching function (or a module's forward) that the kernel ``KERNELS[name]`` may
+    replace: the kernel gets the same arguments and returns the same result, or NotImplemented."""
+
+    def decorate(teaching: Callable) -> Callable:
+        @functools.wraps(teaching)
+        def dispatch(*args, **kwargs):
+            kernel = KERNELS.get(name)
+            if kernel is not None and _enabled[0] and not is_recording():
+                result = kernel(*args, **kwargs)
+                if result is not NotImplemented:
+                    return result
+            return teaching(*args, **kwargs)
+
+        return dispatch
+
+    return decorate
+
+
+# ----------------------------------------------------------------------------------- gelu
+# erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (outside it erf is +-1 to float32 precision).
+# Coefficients from the highest power down, as np.polyval takes them.
+_ERF_P = np.array([-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+                   -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02], np.float32)  # fmt: skip
+_ERF_Q = np.array([-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+                   -1.42647390514189e-02], np.float32)  # fmt: skip
+_BLOCK = 1 << 16  # elements per block: 256 KiB of float32, which stays in the CPU's cache
+
+
+def _erf_float32(z: np.ndarray) -> np.ndarray:
+    """erf of a float32 array, block by block: no temporary as large as z."""
+    flat, out = z.reshape(-1), np.empty(z.size, z.dtype)  # (N,) each
+    for start in range(0, z.size, _BLOCK):
+        x = np.clip(flat[start : start + _BLOCK], -4.0, 4.0)  # (block,)
+        x2 = x * x  # (block,)
+        out[start : start + _BLOCK] = x * np.polyval(_ERF_P, x2) / np.polyval(_ERF_Q, x2)  # (block,)
+    return out.reshape(z.shape)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    if x.dtype != np.float32:
+        return NotImplemented  # float64: the exact erf, for the parity tests
+    return 0.5 * x * (1.0 + _erf_float32(x / math.sqrt(2.0)))  # (...,) like x
+
+
+KERNELS["gelu"] = gelu
+
+
+# ------------------------------------------------------------------- multi_head_attention
+def multi_head_attention(module, query, key, value, mask=None, need_weights=False):
+    """``MultiHeadAttention.__call__`` one batch entry at a time, softmax in place."""
+    if need_weights or is_grad_enabled() or (module.dropout.training and module.dropout.rate > 0):
+        return NotImplemented  # the weights are wanted, kept for the backward, or dropped out
+    check_attention_projections(query.shape, key.shape, value.shape, module.config.d_model)
+    q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
+    k = module.split_heads(module.w_k(key))  # (B, H, T_k, d_k)
+    v = module.split_heads(module.w_v(value))  # (B, H, T_k, d_k)
+    check_attention_inputs(q.shape, k.shape, v.shape)
+    check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
+    context = np.empty_like(q)  # (B, H, T_q, d_k)
+    scale = math.sqrt(q.shape[-1])
+    for b in range(q.shape[0]):
+        scores = q[b] @ np.swapaxes(k[b], -1, -2)  # (H, T_q, d_k) @ (H, d_k, T_k) -> (H, T_q, T_k)
+        scores /= scale
+        if mask is not None:
+            allowed = np.broadcast_to(mask[b if mask.shape[0] > 1 else 0], scores.shape)  # (H, T_q, T_k)
+            np.putmask(scores, ~allowed, -np.inf)
+        row_max = scores.max(axis=-1, keepdims=True)  # (H, T_q, 1); -inf where nothing is allowed
+        row_max[~np.isfinite(row_max)] = 0.0
+        scores -= row_max
+        np.exp(scores, out=scores)  # (H, T_q, T_k), 0 at masked keys
+        total = scores.sum(axis=-1, keepdims=True)  # (H, T_q, 1)
+        total[total == 0] = 1.0  # a row with no allowed key: weights 0, output 0
+        scores /= total  # the weights
+        context[b] = scores @ v[b]  # (H, T_q, T_k) @ (H, T_k, d_k) -> (H, T_q, d_k)
+    return module.w_o(module.merge_heads(context)), None  # (B, T_q, d_model)
+
+
+KERNELS["multi_head_attention"] = multi_head_attention
