@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import attention, compare, embed, pitfalls, trace, train
+from . import attention, compare, embed, mirror, pitfalls, trace, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,5 +20,6 @@ def main(argv: list[str] | None = None) -> int:
     train.add_parser(commands)
     trace.add_parser(commands)
     attention.add_parser(commands)
+    mirror.add_parser(commands)
     args = parser.parse_args(argv)
     return args.run(args)

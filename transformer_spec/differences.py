@@ -1,0 +1,43 @@
+"""Why the backends differ where they must: the one list of reasons.
+
+The three backends are one text in three frameworks: a statement of one that is not a
+translation of the other's (once ``transformer_spec.mirror`` has normalised the framework
+tokens) carries a short comment pointing here, ``# differs: <reason-id>``, on its line or
+on a comment line directly above it. The reason is written once, below. A marker on the
+``def`` line of a function that exists in one backend only explains the whole function.
+
+``transformer-ref mirror`` and the docs page "Where the backends differ" list every
+difference with its reason; ``shared_tests/test_mirror.py`` fails on a difference without
+one, on a marker naming no reason here, and on a reason here that no difference uses.
+To add one: a short id (``<framework>-<what>``), and one paragraph that says why.
+"""
+
+from __future__ import annotations
+
+# NumPy's hand-written backward (``backward``, ``*_backward``) is listed under this reason
+# by the mirror report itself, not by markers: it is not compared with torch at all.
+NUMPY_BACKWARD = "numpy-backward"
+
+REASONS: dict[str, str] = {
+    NUMPY_BACKWARD: "NumPy has no autograd: each module's hand-written backward (llm.c style, checked "
+    "against finite differences and against torch.autograd) has no counterpart in torch or JAX, which "
+    "derive the backward pass from the forward one.",
+    "numpy-autograd": "NumPy has no autograd: when gradients are asked for, the forward keeps, by name, the "
+    "values its hand-written backward reads (self.keep); torch's autograd and jax.grad record them unasked.",
+    "torch-device": "torch allocates on a device: a tensor made from nothing (torch.ones, torch.arange, "
+    "torch.zeros) is told where, usually the device of an input, or it lands on the CPU next to a GPU "
+    "model. NumPy has one device, and JAX puts new arrays on its default device.",
+    "jit-static-shapes": "jax.jit compiles once per shape, so a decoding step keeps one shape: the cache is a "
+    "fixed-size buffer written, and the positional table read, at a position that is a traced value "
+    "(jax.lax.dynamic_update_slice, dynamic_slice), where NumPy and torch grow arrays by concatenation "
+    "and slice them with Python ints.",
+    "jax-host-float64": "JAX has float64 only in 64-bit mode: a constant table (the sinusoids) is computed on "
+    "the host with NumPy in float64, as the other backends compute it, and handed to JAX in the model's "
+    "dtype afterwards; computed in JAX's float32 its angles would be off by up to 3e-5 at position 512.",
+    "jax-index-fill": "JAX never raises on an out-of-range index (weight[ids] clamps a bad id to the last "
+    "row), and inside jit the ids' values are unknown: the embedding lookup fills an id outside the "
+    "table with a row of NaN, loud rather than silently wrong. NumPy and torch raise.",
+    "nnx-static-none": "Flax NNX marks an attribute first set to None as static and refuses a module in it "
+    "later, so an optional submodule is assigned once, in every branch; NumPy and torch set it to None "
+    "first and maybe replace it.",
+}
