@@ -92,7 +92,7 @@ class DecoderLayer(nnx.Module):
             if memory is None:
                 raise ValueError("this decoder has cross-attention and needs memory (the encoder output), got None")
             cross_cache = self.cross_attn.key_value(memory)  # (B, H, T_src, d_k) each
-        return LayerCache(self.self_attn.empty_cache(batch), cross_cache)
+        return LayerCache(self.self_attn.empty_cache(batch), cross_cache)  # (B, H, max_len, d_k) each, cross_cache
 
     def step(
         self,

@@ -39,6 +39,7 @@ class TokenEmbedding(nnx.Module):
         # unknown; there, "fill" makes any id outside [0, vocab) a row of NaN: loud, not
         # silently wrong. (``wrap_negative_indices=False`` is why this is ``.at[].get``
         # rather than ``jnp.take(..., mode="fill")``, which would still wrap -1 to the end.)
+        # (B, T, d_model), NaN rows for ids outside the table; differs: jax-index-fill
         rows = self.weight[...].at[ids].get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
         return rows * self.scale  # (B, T) -> (B, T, d_model)
 
@@ -60,7 +61,7 @@ class Embeddings(nnx.Module):
             self.position = SinusoidalPositionalEncoding(config, dtype)
         elif config.positional == "learned":
             self.position = LearnedPositionalEmbedding(config, dtype)
-        else:
+        else:  # differs: nnx-static-none
             self.position = None  # positional == "none": a bag of words (permutation-equivariant)
         self.token_type = (
             TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
@@ -85,7 +86,7 @@ class Embeddings(nnx.Module):
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
             token_type = self.token_type(token_type_ids)  # (B, T, d_model)
             record(self, "token_type", token_type)
-            x = x + token_type
+            x = x + token_type  # + (B, T, d_model)
         elif token_type_ids is not None:
             check_no_token_types()
         if self.norm is not None:

@@ -36,9 +36,9 @@ def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> jax.
     two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(d/2),)
     angle = position * np.exp(-math.log(10000.0) * two_i / d_model)  # (max_len, ceil(d/2))
     pe = np.zeros((max_len, d_model), dtype=np.float64)  # (max_len, d_model)
-    pe[:, 0::2] = np.sin(angle)
-    pe[:, 1::2] = np.cos(angle[:, : d_model // 2])
-    return jnp.asarray(pe, dtype=dtype)  # (max_len, d_model)
+    pe[:, 0::2] = np.sin(angle)  # (max_len, ceil(d/2))
+    pe[:, 1::2] = np.cos(angle[:, : d_model // 2])  # (max_len, floor(d/2))
+    return jnp.asarray(pe, dtype=dtype)  # (max_len, d_model); differs: jax-host-float64
 
 
 class SinusoidalPositionalEncoding(nnx.Module):
@@ -48,7 +48,7 @@ class SinusoidalPositionalEncoding(nnx.Module):
         self.pe = Buffer(sinusoidal_table(config.max_len, config.d_model, dtype))  # (max_len, d_model)
 
     def __call__(self, seq_len: int, offset: int | jax.Array = 0) -> jax.Array:
-        return _rows(self.pe, seq_len, offset)  # (T, d_model)
+        return _rows(self.pe, seq_len, offset)  # (T, d_model); differs: jit-static-shapes
 
 
 class LearnedPositionalEmbedding(nnx.Module):
@@ -58,10 +58,10 @@ class LearnedPositionalEmbedding(nnx.Module):
         self.weight = nnx.Param(jnp.zeros((config.max_len, config.d_model), dtype))  # (max_len, d_model)
 
     def __call__(self, seq_len: int, offset: int | jax.Array = 0) -> jax.Array:
-        return _rows(self.weight, seq_len, offset)  # (T, d_model)
+        return _rows(self.weight, seq_len, offset)  # (T, d_model); differs: jit-static-shapes
 
 
-def _rows(table: nnx.Variable, seq_len: int, offset: int | jax.Array) -> jax.Array:
+def _rows(table: nnx.Variable, seq_len: int, offset: int | jax.Array) -> jax.Array:  # differs: jit-static-shapes
     """Rows offset .. offset + seq_len - 1 of a (max_len, d_model) table -> (T, d_model).
 
     seq_len is a Python int (a shape). So is offset in a forward pass, and the slice is

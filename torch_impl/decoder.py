@@ -65,7 +65,7 @@ class DecoderLayer(nn.Module):
             self.self_attn_norm,
             norm_first,
             self.self_attn_dropout,
-        )
+        )  # (B, T_tgt, d_model), (B, H, T_tgt, T_tgt) or None
         record(self, "after_self_attn", x)
         cross_weights = None
         if self.config.decoder_has_cross_attention:
@@ -77,9 +77,11 @@ class DecoderLayer(nn.Module):
                 self.cross_attn_norm,
                 norm_first,
                 self.cross_attn_dropout,
-            )
+            )  # (B, T_tgt, d_model), (B, H, T_tgt, T_src) or None
             record(self, "after_cross_attn", x)
-        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout)
+        x, _ = sublayer_connection(
+            x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout
+        )  # (B, T_tgt, d_model)
         record(self, "output", x)
         return x, self_weights, cross_weights
 
@@ -91,7 +93,7 @@ class DecoderLayer(nn.Module):
             if memory is None:
                 raise ValueError("this decoder has cross-attention and needs memory (the encoder output), got None")
             cross_cache = self.cross_attn.key_value(memory)  # (B, H, T_src, d_k) each
-        return LayerCache(self.self_attn.empty_cache(batch), cross_cache)
+        return LayerCache(self.self_attn.empty_cache(batch), cross_cache)  # (B, H, 0, d_k) each, cross_cache
 
     def step(
         self,
@@ -160,13 +162,14 @@ class Decoder(nn.Module):
         """-> (output, hidden states, self-attention weights per layer, cross-attention weights per layer)."""
         hidden_states, self_attentions, cross_attentions = [x], [], []
         for layer in self.layers:
+            # (B, T_tgt, d_model), (B, H, T_tgt, T_tgt) or None, (B, H, T_tgt, T_src) or None
             x, self_weights, cross_weights = layer(x, memory, tgt_mask, memory_mask, need_weights)
             if need_hidden_states:  # else each layer's output is freed once the next layer has used it
                 hidden_states.append(x)
             self_attentions.append(self_weights)
             cross_attentions.append(cross_weights)
         if self.norm is not None:
-            x = self.norm(x)
+            x = self.norm(x)  # (B, T_tgt, d_model)
         if not need_weights:
             self_attentions, cross_attentions = [], []
         elif not self.config.decoder_has_cross_attention:

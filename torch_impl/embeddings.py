@@ -46,7 +46,7 @@ class Embeddings(nn.Module):
             vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
         self.vocab_size = vocab_size
         self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
-        self.position = None  # positional == "none": a bag of words (permutation-equivariant)
+        self.position = None  # positional == "none": a bag of words (permutation-equivariant); differs: nnx-static-none
         if config.positional == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(config, dtype)
         elif config.positional == "learned":
@@ -67,16 +67,16 @@ class Embeddings(nn.Module):
             x = x + position[None]  # + (1, T, d_model)
         if self.token_type is not None:
             if token_type_ids is None:
-                token_type_ids = torch.zeros_like(ids)
+                token_type_ids = torch.zeros_like(ids)  # (B, T)
             check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
             token_type = self.token_type(token_type_ids)  # (B, T, d_model)
             record(self, "token_type", token_type)
-            x = x + token_type
+            x = x + token_type  # + (B, T, d_model)
         elif token_type_ids is not None:
             check_no_token_types()
         if self.norm is not None:
-            x = self.norm(x)
+            x = self.norm(x)  # (B, T, d_model)
         x = self.dropout(x)  # (B, T, d_model)
         record(self, "output", x)
         return x

@@ -43,9 +43,11 @@ class EncoderLayer(nn.Module):
             self.self_attn_norm,
             norm_first,
             self.self_attn_dropout,
-        )
+        )  # (B, T, d_model), (B, H, T, T) or None
         record(self, "after_self_attn", x)
-        x, _ = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout)
+        x, _ = sublayer_connection(
+            x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout
+        )  # (B, T, d_model)
         record(self, "output", x)
         return x, weights
 
@@ -71,10 +73,10 @@ class Encoder(nn.Module):
         """-> (output (B, T, d_model), hidden states (input + each layer's output), weights per layer)."""
         hidden_states, attentions = [x], []
         for layer in self.layers:
-            x, weights = layer(x, mask, need_weights)
+            x, weights = layer(x, mask, need_weights)  # (B, T, d_model), (B, H, T, T) or None
             if need_hidden_states:  # else each layer's output is freed once the next layer has used it
                 hidden_states.append(x)
             attentions.append(weights)
         if self.norm is not None:
-            x = self.norm(x)
+            x = self.norm(x)  # (B, T, d_model)
         return x, (tuple(hidden_states) if need_hidden_states else ()), (tuple(attentions) if need_weights else ())

@@ -11,17 +11,18 @@ import torch
 
 def make_padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     """(B, T) ids -> (B, 1, 1, T): every query may look at every non-pad key."""
-    return (ids != pad_id)[:, None, None, :]
+    return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, T)
 
 
-def make_causal_mask(seq_len: int, device: torch.device | None = None) -> torch.Tensor:
+def make_causal_mask(seq_len: int, device: torch.device | None = None) -> torch.Tensor:  # differs: torch-device
     """(1, 1, T, T), lower triangular: position i may look at positions 0..i only."""
-    return torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device))[None, None, :, :]
+    return torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device))[None, None, :, :]  # (1, 1, T, T)
 
 
 def make_decoder_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     """Decoder self-attention: causal AND key not padding -> (B, 1, T, T)."""
-    return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1], ids.device)
+    # differs: torch-device (the causal half is made where the ids are)
+    return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1], ids.device)  # (B, 1, T, T)
 
 
 def make_cross_attention_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -30,4 +31,4 @@ def make_cross_attention_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tenso
     It broadcasts over the T_tgt query rows; its last axis is the source length, not
     the target length (the mismatch the seeds' decoder tripped on).
     """
-    return make_padding_mask(src_ids, pad_id)
+    return make_padding_mask(src_ids, pad_id)  # (B, 1, 1, T_src)

@@ -21,10 +21,10 @@ def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> torc
     position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(d/2),)
     angle = position * torch.exp(-math.log(10000.0) * two_i / d_model)  # (max_len, ceil(d/2))
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angle)
-    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
-    return pe.to(_torch_dtype(dtype))
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)  # (max_len, d_model)
+    pe[:, 0::2] = torch.sin(angle)  # (max_len, ceil(d/2))
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])  # (max_len, floor(d/2))
+    return pe.to(_torch_dtype(dtype))  # (max_len, d_model)
 
 
 class SinusoidalPositionalEncoding(nn.Module):

@@ -29,7 +29,7 @@ def sublayer_connection(
     if dropout is None:
         dropout = lambda y: y  # noqa: E731
     if norm_first:
-        y, extra = sublayer(norm(x))
-        return x + dropout(y), extra
-    y, extra = sublayer(x)
-    return norm(x + dropout(y)), extra
+        y, extra = sublayer(norm(x))  # (B, T, d_model)
+        return x + dropout(y), extra  # (B, T, d_model)
+    y, extra = sublayer(x)  # (B, T, d_model)
+    return norm(x + dropout(y)), extra  # (B, T, d_model)
