@@ -20,7 +20,9 @@ import sys
 
 from pygments.formatters import HtmlFormatter
 
-from . import chromium, pages, parity, source
+from transformer_spec.mirror import mirror_report
+
+from . import chromium, mirror_page, pages, parity, source
 from .components import PAGES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -48,11 +50,13 @@ def render_site(root: pathlib.Path = ROOT) -> dict[str, str]:
     report = parity.load(docs / "parity.json")
     walkthrough = _load(docs / "walkthrough.json")
     pitfalls = _load(docs / "pitfalls.json")
+    mirror = mirror_report(root)  # read from the source files, as the component pages are
     extra = []
     if walkthrough:
         extra.append(("walkthrough", "Walkthrough", f"“{walkthrough['text']}” through BERT-base, every shape."))
     if pitfalls:
         extra.append(("pitfalls", "Pitfalls", "Where the frameworks disagree, run and measured."))
+    extra.append(("mirror", mirror_page.TITLE, mirror_page.SUMMARY))
     nav = [("index", "Index"), *((p.slug, p.title.split(":")[0]) for p in PAGES), *((s, t) for s, t, _ in extra)]
     files = {"style.css": stylesheet()}
     files["index.html"] = pages.layout("Index", "index", pages.index_page(report, extra), nav)
@@ -63,6 +67,8 @@ def render_site(root: pathlib.Path = ROOT) -> dict[str, str]:
         files["walkthrough.html"] = pages.layout("Walkthrough", "walkthrough", pages.walkthrough_page(walkthrough), nav)
     if pitfalls:
         files["pitfalls.html"] = pages.layout("Pitfalls", "pitfalls", pages.pitfalls_page(pitfalls), nav)
+    body = mirror_page.mirror_page(mirror, _load(docs / "mirror_baseline.json"))
+    files["mirror.html"] = pages.layout(mirror_page.TITLE, "mirror", body, nav)
     return dict(sorted(files.items()))
 
 

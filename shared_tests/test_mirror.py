@@ -218,3 +218,17 @@ def test_tensor_lines_are_the_ones_that_compute_arrays(tmp_path):
 
 def test_shape_comment_files_exist_in_every_backend():
     assert all((ROOT / package / file).exists() for package in PACKAGES for file in COMPONENT_FILES)
+
+
+def test_docs_page_shows_every_difference_and_every_reason(report):
+    """docs/site/mirror.html, "Where the backends differ": the same report, side by side."""
+    from docs.mirror_page import mirror_page
+
+    page = mirror_page(report, json.loads(BASELINE.read_text(encoding="utf-8")))
+    for reason in REASONS:
+        assert f'id="reason-{reason}"' in page
+    for difference in report.differences:
+        assert f"<code>{difference.function}</code>" in page
+        for statement in (*difference.left, *difference.right):
+            assert f'<span class="linenos">{statement.line}</span>' in page
+    assert page.count('class="reason none"') == len(report.unexplained())
