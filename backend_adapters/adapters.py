@@ -36,7 +36,10 @@ class Backend:
         return result
 
     def call(self, fn, *args, **kwargs) -> Any:
-        """Run ``fn`` on backend arrays made from the NumPy ``args``; return NumPy results."""
+        """Run ``fn`` on backend arrays made from the NumPy ``args``; return NumPy results.
+        A whole model runs the way its backend runs models fast: ``impl.compiled(model)``."""
+        if hasattr(fn, "check_inputs"):
+            fn = self.impl.compiled(fn)
         args = [self._in(a) for a in args]
         kwargs = {k: self._in(v) for k, v in kwargs.items()}
         return self._out(fn(*args, **kwargs))

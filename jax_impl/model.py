@@ -1,12 +1,11 @@
-"""Whole models: encoder-decoder (the paper), decoder-only LM (the seeds), encoder-only (BERT).
+"""Whole models: encoder-decoder (the paper), decoder-only LM, encoder-only (BERT).
 
-JAX runs a model in one of two ways, and every model here offers both:
-
-* ``model.forward(...)``: eager, op by op, each ``jnp`` call dispatched on its own --
-  the NumPy code path, line for line. Slow; for tests and debugging.
-* ``model(...)``: (1) the input checks, eagerly, on the concrete arrays the caller
-  passed, then (2) the whole forward pass as one XLA program, compiled by ``jax.jit``
-  on first use for each (model structure, flags, input shapes and dtypes) and cached.
+A model's ``__call__`` is the plain forward pass, the same text as NumPy's ``__call__``
+and torch's ``forward``; called directly it runs eagerly, op by op. Compilation is
+applied from outside, as Flax's own examples do: ``compiled(model)`` returns a callable
+with the same arguments that (1) checks the inputs eagerly, on the concrete arrays the
+caller passed, then (2) runs the whole forward pass as one XLA program, compiled by
+``jax.jit`` on first use for each (model structure, flags, input shapes and dtypes).
 
 Why the checks run outside jit: inside a trace an array has a shape and a dtype but
 no values, so "is every id in [0, vocab)" cannot be asked there; and jit converts its
@@ -16,14 +15,23 @@ dtype error raised inside would name the converted dtype, not the caller's.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import inspect
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from transformer_spec import Config, ModelOutput
-from transformer_spec.checks import check_model_kind, check_no_token_types, check_same_batch, check_same_shape
+from transformer_spec.checks import (
+    check_model_kind,
+    check_no_token_types,
+    check_same_batch,
+    check_same_shape,
+    checks_inputs_once,
+    inputs_checked,
+)
 from transformer_spec.trace import record
 
 from .decoder import Decoder
@@ -32,6 +40,12 @@ from .encoder import Encoder
 from .layers import Linear, dropout_active, seed_dropout
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
 from .validate import check_mask, check_token_ids
+
+# ModelOutput is a plain dataclass in transformer_spec (which imports no framework); as a
+# pytree, a jit-compiled forward can return it as it is.
+jax.tree_util.register_dataclass(
+    ModelOutput, data_fields=[f.name for f in dataclasses.fields(ModelOutput)], meta_fields=[]
+)
 
 
 class Generator(nnx.Module):
@@ -54,42 +68,6 @@ class Generator(nnx.Module):
         return logits
 
 
-def _call_method(
-    model: nnx.Module, method: str, inputs: tuple, return_attentions: bool, return_hidden_states: bool
-) -> dict[str, Any]:
-    return getattr(model, method)(*inputs, return_attentions, return_hidden_states)
-
-
-_STATIC = ("method", "return_attentions", "return_hidden_states")
-_plain_jit_call = jax.jit(_call_method, static_argnames=_STATIC)
-_nnx_jit_call = nnx.jit(_call_method, static_argnames=_STATIC)
-
-
-def _jit_forward(
-    model: nnx.Module,
-    method: str,
-    inputs: tuple,
-    return_attentions: bool,
-    return_hidden_states: bool,
-) -> dict[str, Any]:
-    """``getattr(model, method)(*inputs, ...)`` as one compiled XLA program.
-
-    Flax NNX modules are JAX pytrees: their arrays (parameters and buffers) are the
-    leaves, traced; everything else (the config, the activation function, the layer
-    structure) is static and part of the cache key. ``inputs`` is a tuple of arrays and
-    Nones (None is an empty pytree node, so "no mask" and "a mask" compile separately).
-    Plain ``jax.jit`` flattens the module in about a millisecond per call; ``nnx.jit``
-    or an explicit ``nnx.split``/``nnx.merge`` walk the module graph and cost ~10x that.
-
-    But plain ``jax.jit`` returns only its outputs: state the call changes inside the
-    module is dropped. With dropout active (training mode, rate > 0) each call advances
-    the dropout streams' counters, and under plain ``jax.jit`` every call would draw the
-    same masks; ``nnx.jit`` writes the new counters back into the module.
-    """
-    call = _nnx_jit_call if model.config.dropout > 0 and dropout_active(model) else _plain_jit_call
-    return call(model, method, inputs, return_attentions, return_hidden_states)
-
-
 class Transformer(nnx.Module):
     """Encoder-decoder: src ids -> memory; tgt ids (shifted right) + memory -> next-token logits."""
 
@@ -106,21 +84,32 @@ class Transformer(nnx.Module):
         seed_dropout(self, 0)  # every Dropout its own random stream (they would otherwise all start alike)
 
     def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
-        """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights.
-
-        Eager when called directly; inside ``__call__`` it is part of the compiled forward pass."""
+        """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
         if src_mask is None:
             src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
         return self.encoder(self.src_embed(src_ids), src_mask, need_weights, need_hidden_states)
 
     def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
-        """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights.
-
-        (Like ``encode``: eager when called directly, compiled when ``__call__`` calls it.)"""
+        """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights."""
         if tgt_mask is None:
             tgt_mask = make_decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
         return self.decoder(self.tgt_embed(tgt_ids), memory, tgt_mask, memory_mask, need_weights, need_hidden_states)
 
+    def check_inputs(
+        self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None, return_attentions=False,
+        return_hidden_states=False,
+    ) -> None:  # fmt: skip
+        """Every input, checked once, in the order the forward meets them; the submodules trust them."""
+        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
+        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
+        (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
+        check_mask("mask", src_mask, (b_src, heads, t_src, t_src))  # the encoder's self-attention
+        check_mask("mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt))  # the decoder's self-attention
+        memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
+        check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
+        check_mask("mask", memory_mask, (b_tgt, heads, t_tgt, t_src))
+
+    @checks_inputs_once
     def __call__(
         self,
         src_ids: jax.Array,
@@ -132,43 +121,7 @@ class Transformer(nnx.Module):
         return_hidden_states: bool = False,
     ) -> ModelOutput:
         """Masks left as None are built from the ids and ``config.pad_id``: source padding for
-        the encoder and for cross-attention, causal AND target padding for the decoder.
-
-        Checks the inputs eagerly (in the order ``forward`` meets them), then runs the
-        jit-compiled forward pass; returns the same as ``forward``.
-        """
-        # The checks ``forward`` makes, in its order, on the caller's concrete arrays.
-        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
-        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
-        (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
-        check_mask("mask", src_mask, (b_src, heads, t_src, t_src))  # the encoder's self-attention
-        check_mask("mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt))  # the decoder's self-attention
-        memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
-        check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
-        check_mask("mask", memory_mask, (b_tgt, heads, t_tgt, t_src))
-        inputs = (src_ids, tgt_ids, src_mask, tgt_mask, memory_mask)
-        return ModelOutput(**_jit_forward(self, "_forward", inputs, return_attentions, return_hidden_states))
-
-    def forward(
-        self,
-        src_ids: jax.Array,
-        tgt_ids: jax.Array,
-        src_mask: jax.Array | None = None,
-        tgt_mask: jax.Array | None = None,
-        memory_mask: jax.Array | None = None,
-        return_attentions: bool = False,
-        return_hidden_states: bool = False,
-    ) -> ModelOutput:
-        """``__call__`` without jit: every operation runs eagerly, as in NumPy."""
-        return ModelOutput(
-            **self._forward(src_ids, tgt_ids, src_mask, tgt_mask, memory_mask, return_attentions, return_hidden_states)
-        )
-
-    def _forward(self, src_ids, tgt_ids, src_mask, tgt_mask, memory_mask, return_attentions, return_hidden_states):
-        """numpy_impl's ``__call__``, returning ModelOutput's fields as a dict: a pytree that
-        ``jax.jit`` can return (the ModelOutput dataclass is not registered as one)."""
-        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
-        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
+        the encoder and for cross-attention, causal AND target padding for the decoder."""
         memory, encoder_hidden, encoder_attentions = self.encode(
             src_ids, src_mask, return_attentions, return_hidden_states
         )  # (B, T_src, d_model), ...
@@ -177,16 +130,16 @@ class Transformer(nnx.Module):
         x, hidden, self_attentions, cross_attentions = self.decode(
             tgt_ids, memory, tgt_mask, memory_mask, return_attentions, return_hidden_states
         )  # (B, T_tgt, d_model), ...
-        return {
-            "logits": self.generator(x, self.tgt_embed.token.weight[...]),  # (B, T_tgt, tgt_vocab)
-            "last_hidden_state": x,
-            "hidden_states": hidden,
-            "attentions": self_attentions,
-            "cross_attentions": cross_attentions,
-            "encoder_last_hidden_state": memory,
-            "encoder_hidden_states": encoder_hidden,
-            "encoder_attentions": encoder_attentions,
-        }
+        return ModelOutput(
+            logits=self.generator(x, self.tgt_embed.token.weight[...]),  # (B, T_tgt, tgt_vocab)
+            last_hidden_state=x,
+            hidden_states=hidden,
+            attentions=self_attentions,
+            cross_attentions=cross_attentions,
+            encoder_last_hidden_state=memory,
+            encoder_hidden_states=encoder_hidden,
+            encoder_attentions=encoder_attentions,
+        )
 
 
 class TransformerLM(nnx.Module):
@@ -202,6 +155,13 @@ class TransformerLM(nnx.Module):
         self.generator = Generator(config, dtype)
         seed_dropout(self, 0)  # every Dropout its own random stream (they would otherwise all start alike)
 
+    def check_inputs(self, ids, mask=None, return_attentions=False, return_hidden_states=False) -> None:
+        """Every input, checked once; the submodules trust them."""
+        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
+        batch, seq_len = ids.shape
+        check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
+
+    @checks_inputs_once
     def __call__(
         self,
         ids: jax.Array,
@@ -209,38 +169,17 @@ class TransformerLM(nnx.Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
-        """Checks the inputs eagerly, then runs the jit-compiled forward pass (see ``forward``)."""
-        # The checks ``forward`` makes, in its order, on the caller's concrete arrays.
-        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
-        batch, seq_len = ids.shape
-        check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
-        inputs = (ids, mask)
-        return ModelOutput(**_jit_forward(self, "_forward", inputs, return_attentions, return_hidden_states))
-
-    def forward(
-        self,
-        ids: jax.Array,
-        mask: jax.Array | None = None,
-        return_attentions: bool = False,
-        return_hidden_states: bool = False,
-    ) -> ModelOutput:
-        """``__call__`` without jit: every operation runs eagerly, as in NumPy."""
-        return ModelOutput(**self._forward(ids, mask, return_attentions, return_hidden_states))
-
-    def _forward(self, ids, mask, return_attentions, return_hidden_states):
-        """numpy_impl's ``__call__``, returning ModelOutput's fields as a dict (a pytree)."""
-        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
         if mask is None:
             mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
         x, hidden, attentions, _ = self.decoder(
             self.tgt_embed(ids), None, mask, None, return_attentions, return_hidden_states
         )  # (B, T, d_model), ...
-        return {
-            "logits": self.generator(x, self.tgt_embed.token.weight[...]),
-            "last_hidden_state": x,
-            "hidden_states": hidden,
-            "attentions": attentions,
-        }
+        return ModelOutput(
+            logits=self.generator(x, self.tgt_embed.token.weight[...]),  # (B, T, tgt_vocab)
+            last_hidden_state=x,
+            hidden_states=hidden,
+            attentions=attentions,
+        )
 
 
 class Pooler(nnx.Module):
@@ -270,16 +209,10 @@ class TransformerEncoderModel(nnx.Module):
         self.pooler = Pooler(config, dtype) if config.pooler else None
         seed_dropout(self, 0)  # every Dropout its own random stream (they would otherwise all start alike)
 
-    def __call__(
-        self,
-        ids: jax.Array,
-        token_type_ids: jax.Array | None = None,
-        mask: jax.Array | None = None,
-        return_attentions: bool = False,
-        return_hidden_states: bool = False,
-    ) -> ModelOutput:
-        """Checks the inputs eagerly, then runs the jit-compiled forward pass (see ``forward``)."""
-        # The checks ``forward`` makes, in its order, on the caller's concrete arrays.
+    def check_inputs(
+        self, ids, token_type_ids=None, mask=None, return_attentions=False, return_hidden_states=False
+    ) -> None:
+        """Every input, checked once; the submodules trust them."""
         check_token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len)
         if self.src_embed.token_type is None:
             if token_type_ids is not None:
@@ -289,10 +222,9 @@ class TransformerEncoderModel(nnx.Module):
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
         batch, seq_len = ids.shape
         check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
-        inputs = (ids, token_type_ids, mask)
-        return ModelOutput(**_jit_forward(self, "_forward", inputs, return_attentions, return_hidden_states))
 
-    def forward(
+    @checks_inputs_once
+    def __call__(
         self,
         ids: jax.Array,
         token_type_ids: jax.Array | None = None,
@@ -300,19 +232,13 @@ class TransformerEncoderModel(nnx.Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
-        """``__call__`` without jit: every operation runs eagerly, as in NumPy."""
-        return ModelOutput(**self._forward(ids, token_type_ids, mask, return_attentions, return_hidden_states))
-
-    def _forward(self, ids, token_type_ids, mask, return_attentions, return_hidden_states):
-        """numpy_impl's ``__call__``, returning ModelOutput's fields as a dict (a pytree)."""
-        check_token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len)
         if mask is None:
             mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         x, hidden, attentions = self.encoder(
             self.src_embed(ids, token_type_ids), mask, return_attentions, return_hidden_states
         )  # (B, T, d_model), ...
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, d_model)
-        return {"last_hidden_state": x, "hidden_states": hidden, "attentions": attentions, "pooler_output": pooled}
+        return ModelOutput(last_hidden_state=x, hidden_states=hidden, attentions=attentions, pooler_output=pooled)
 
 
 MODEL_CLASSES = {
@@ -320,3 +246,42 @@ MODEL_CLASSES = {
     "decoder_only": TransformerLM,
     "encoder_only": TransformerEncoderModel,
 }
+
+
+# ----------------------------------------------------------------------- compiled from outside
+def _run(model: nnx.Module, arrays: tuple, flags: tuple) -> ModelOutput:
+    """``model(*arrays, *flags)`` with the inputs already checked (``compiled`` did, eagerly)."""
+    with inputs_checked():
+        return model(*arrays, *flags)
+
+
+# Flax NNX modules are JAX pytrees: their arrays (parameters and buffers) are the leaves,
+# traced; everything else (the config, the activation function, the layer structure) is
+# static and part of the cache key. ``arrays`` is a tuple of arrays and Nones (None is an
+# empty pytree node, so "no mask" and "a mask" compile separately). Plain ``jax.jit``
+# flattens the module in about a millisecond per call; ``nnx.jit`` walks the module graph
+# and costs ~10x that. But plain ``jax.jit`` returns only its outputs: state the call
+# changes inside the module is dropped. With dropout active (training mode, rate > 0) each
+# call advances the dropout streams' counters, and under plain ``jax.jit`` every call would
+# draw the same masks; ``nnx.jit`` writes the new counters back into the module.
+_plain_jit_run = jax.jit(_run, static_argnames="flags")
+_nnx_jit_run = nnx.jit(_run, static_argnames="flags")
+_FLAGS = ("return_attentions", "return_hidden_states")
+
+
+def compiled(model: nnx.Module) -> Callable[..., ModelOutput]:
+    """``model`` as one XLA program: a callable with the model's arguments that checks them
+    eagerly (``model.check_inputs``), then runs the jit-compiled forward pass."""
+    signature = inspect.signature(type(model).__call__)
+
+    def call(*args, **kwargs) -> ModelOutput:
+        model.check_inputs(*args, **kwargs)
+        bound = signature.bind(model, *args, **kwargs)
+        bound.apply_defaults()
+        names = list(bound.arguments)[1:]  # without self
+        arrays = tuple(bound.arguments[n] for n in names if n not in _FLAGS)
+        flags = tuple(bool(bound.arguments[n]) for n in _FLAGS)
+        run = _nnx_jit_run if model.config.dropout > 0 and dropout_active(model) else _plain_jit_run
+        return run(model, arrays, flags)
+
+    return call

@@ -26,10 +26,10 @@ def named_modules(model) -> dict[int, str]:
 
 
 def trace_model(model, *inputs, **kwargs) -> Trace:
-    """Run ``model.forward(*inputs, **kwargs)`` once -> name -> NumPy array of every intermediate.
+    """Run ``model(*inputs, **kwargs)`` once, eagerly -> name -> NumPy array of every intermediate.
 
-    ``forward``, not ``__call__``: under ``jax.jit`` the intermediates are tracers, with no
-    values to record until the whole compiled program has run."""
+    The model itself, not ``compiled(model)``: under ``jax.jit`` the intermediates are
+    tracers, with no values to record until the whole compiled program has run."""
     with recording(named_modules(model)) as recorded:
-        model.forward(*inputs, **kwargs)
+        model(*inputs, **kwargs)
     return recorded

@@ -17,6 +17,7 @@ from flax import nnx
 from transformer_spec.batches import split_batch
 
 from .loss import cross_entropy
+from .model import compiled
 from .params import to_params
 
 
@@ -33,8 +34,8 @@ def loss_and_grads(
     inputs, targets = tuple(jnp.asarray(x) for x in inputs), jnp.asarray(targets)
 
     def loss_fn(model: nnx.Module) -> jax.Array:
-        # model(...) checks the (concrete) ids eagerly, then runs the jit-compiled forward pass
-        logits = model(*inputs).logits  # (B, T, V)
+        # compiled(model) checks the (concrete) ids eagerly, then runs the jit-compiled forward pass
+        logits = compiled(model)(*inputs).logits  # (B, T, V)
         return cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()
 
     # Differentiates with respect to the model's nnx.Params (not its Buffers, e.g. the

@@ -8,6 +8,8 @@ from transformer_spec import checks
 
 
 def check_token_ids(name: str, ids: np.ndarray, vocab_size: int, max_len: int | None, offset: int = 0) -> None:
+    if checks.caller_checked():  # a model checked them at its entry
+        return
     checks.check_token_ids(
         name, ids.shape, str(ids.dtype), np.issubdtype(ids.dtype, np.integer), vocab_size, max_len, offset
     )

@@ -96,12 +96,12 @@ def test_jax_jitted_call_is_refused_while_recording():
     pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from jax_impl import build_model, named_modules
+    from jax_impl import build_model, compiled, named_modules
 
     model = build_model(TINY, init_params(TINY, seed=0))
     src, tgt = (jnp.asarray(x) for x in model_inputs(TINY, SHAPES["batch1"]))
     with recording(named_modules(model)), pytest.raises(TypeError, match="no concrete value"):
-        model(src, tgt)  # __call__ is jit-compiled: the intermediates are tracers
+        compiled(model)(src, tgt)  # jit-compiled: the intermediates are tracers
 
 
 # ------------------------------------------------------------------------------ the commands

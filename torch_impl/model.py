@@ -1,4 +1,4 @@
-"""Whole models: encoder-decoder (the paper), decoder-only LM (the seeds), encoder-only (BERT)."""
+"""Whole models: encoder-decoder (the paper), decoder-only LM, encoder-only (BERT)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ import torch
 from torch import nn
 
 from transformer_spec import Config, ModelOutput
-from transformer_spec.checks import check_model_kind
+from transformer_spec.checks import (
+    check_model_kind,
+    check_no_token_types,
+    check_same_batch,
+    check_same_shape,
+    checks_inputs_once,
+)
 from transformer_spec.trace import record
 
 from .decoder import Decoder
@@ -14,7 +20,7 @@ from .embeddings import Embeddings
 from .encoder import Encoder
 from .layers import Linear
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
-from .validate import check_token_ids
+from .validate import check_mask, check_token_ids
 
 
 class Generator(nn.Module):
@@ -63,6 +69,21 @@ class Transformer(nn.Module):
             tgt_mask = make_decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
         return self.decoder(self.tgt_embed(tgt_ids), memory, tgt_mask, memory_mask, need_weights, need_hidden_states)
 
+    def check_inputs(
+        self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None, return_attentions=False,
+        return_hidden_states=False,
+    ) -> None:  # fmt: skip
+        """Every input, checked once, in the order the forward meets them; the submodules trust them."""
+        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
+        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
+        (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
+        check_mask("mask", src_mask, (b_src, heads, t_src, t_src))  # the encoder's self-attention
+        check_mask("mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt))  # the decoder's self-attention
+        memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
+        check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
+        check_mask("mask", memory_mask, (b_tgt, heads, t_tgt, t_src))
+
+    @checks_inputs_once
     def forward(
         self,
         src_ids: torch.Tensor,
@@ -75,8 +96,6 @@ class Transformer(nn.Module):
     ) -> ModelOutput:
         """Masks left as None are built from the ids and ``config.pad_id``: source padding for
         the encoder and for cross-attention, causal AND target padding for the decoder."""
-        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
-        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
         memory, encoder_hidden, encoder_attentions = self.encode(
             src_ids, src_mask, return_attentions, return_hidden_states
         )
@@ -110,6 +129,13 @@ class TransformerLM(nn.Module):
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
 
+    def check_inputs(self, ids, mask=None, return_attentions=False, return_hidden_states=False) -> None:
+        """Every input, checked once; the submodules trust them."""
+        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
+        batch, seq_len = ids.shape
+        check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
+
+    @checks_inputs_once
     def forward(
         self,
         ids: torch.Tensor,
@@ -117,7 +143,6 @@ class TransformerLM(nn.Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
-        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
         if mask is None:
             mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
         x, hidden, attentions, _ = self.decoder(
@@ -159,6 +184,21 @@ class TransformerEncoderModel(nn.Module):
         self.encoder = Encoder(config, dtype)
         self.pooler = Pooler(config, dtype) if config.pooler else None
 
+    def check_inputs(
+        self, ids, token_type_ids=None, mask=None, return_attentions=False, return_hidden_states=False
+    ) -> None:
+        """Every input, checked once; the submodules trust them."""
+        check_token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len)
+        if self.src_embed.token_type is None:
+            if token_type_ids is not None:
+                check_no_token_types()
+        elif token_type_ids is not None:  # None becomes zeros: always in range
+            check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
+            check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
+        batch, seq_len = ids.shape
+        check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
+
+    @checks_inputs_once
     def forward(
         self,
         ids: torch.Tensor,
@@ -167,7 +207,6 @@ class TransformerEncoderModel(nn.Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
-        check_token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len)
         if mask is None:
             mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         x, hidden, attentions = self.encoder(
@@ -182,3 +221,12 @@ MODEL_CLASSES = {
     "decoder_only": TransformerLM,
     "encoder_only": TransformerEncoderModel,
 }
+
+
+def compiled(model):
+    """The callable that runs ``model`` fast in this backend, with the model's arguments.
+
+    torch runs eagerly here: the model as it is (jax_impl's ``compiled`` applies
+    ``jax.jit`` from outside the model; this is the same entry point, so that one caller
+    serves every backend). ``torch.compile(model)`` is the user's choice, not made here."""
+    return model

@@ -44,7 +44,7 @@ def record(module: object | None, name: str, value) -> None:
     if "Tracer" in type(value).__name__:  # inside jax.jit: no values yet, and the modules are copies
         raise TypeError(
             f"trace: {name} has no concrete value ({type(value).__name__}); record eagerly "
-            "(in JAX, the model's ``forward``, not its jit-compiled ``__call__``)"
+            "(in JAX, the model itself, not ``compiled(model)``)"
         )
     if module is None:
         if not last_path:
