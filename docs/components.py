@@ -359,9 +359,13 @@ PAGES: tuple[Page, ...] = (
             "`to_params(from_params(p)) == p` exactly; missing, unexpected or mis-shaped keys raise "
             "`WeightsError` naming each key and both shapes.",
         ),
-        code=("params.py: _parent, from_params, to_params, build_model, load_model, _to_torch_layout, _check_x64",),
+        code=(
+            "params.py: from_params, to_params, build_model, load_model, _to_torch_layout, _to_flax_name, _check_x64",
+            "transformer_spec/schema.py: parent_of",
+        ),
         notes={
             "_to_torch_layout": "Not needed: the arrays are used in the paper's [in, out] layout as they are.",
+            "_to_flax_name": "Not needed: the matrix is called `weight`, as its canonical name says.",
             "_check_x64": "Not needed: float64 is always available.",
         },
         parity_note=(
@@ -406,7 +410,8 @@ PAGES: tuple[Page, ...] = (
             "training.py: loss_and_grads",
             "optim.py: Adam",
             "train.py: _update, train_step, _cached_update, train",
-            "transformer_spec/schedules.py: warmup_schedule, run_steps",
+            "transformer_spec/train.py: train_loop",
+            "transformer_spec/schedules.py: warmup_schedule",
         ),
         tests=(
             "*test_gradients.py::test_loss_and_gradients_match_reference*",
@@ -437,8 +442,8 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "generate.py: DecodingState, PrefixState, make_step_mask, initial_cache, decode_step, select_rows, "
-            "CachedStepper, UncachedStepper, make_stepper, greedy, beam, _to_device, _host_ids",
-            "transformer_spec/decoding.py: greedy_decode, beam_search",
+            "CachedStepper, UncachedStepper, make_stepper, greedy, beam, _to_device",
+            "transformer_spec/decoding.py: host_ids, greedy_decode, beam_search",
         ),
         tests=("*test_decoding.py::*",),
         parity_note=(

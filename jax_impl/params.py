@@ -15,22 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from transformer_spec import Config, load_params, param_schema
+from transformer_spec import Config, load_params, param_schema, parent_of
 from transformer_spec.checks import check_dtype_request, check_params, check_params_dtype
 
 from .model import MODEL_CLASSES
 
 
-def _parent(module: Any, name: str) -> tuple[Any, str]:
-    """'encoder.layers.0.ffn.w_1.weight' -> (the w_1 nnx.Linear, 'kernel')."""
-    *path, leaf = name.split(".")
-    for part in path:
-        module = module[int(part)] if part.isdigit() else getattr(module, part)  # nnx.List takes an index
-    if module is None:  # e.g. the tied generator's missing projection
-        raise AttributeError(name)
-    if isinstance(module, nnx.Linear) and leaf == "weight":
-        leaf = "kernel"  # Flax's name for the [in, out] matrix
-    return module, leaf
+def _to_flax_name(parent: Any, leaf: str) -> str:
+    # nnx.Linear calls its [in, out] matrix ``kernel``; the canonical name is ``weight``.
+    return "kernel" if isinstance(parent, nnx.Linear) and leaf == "weight" else leaf
 
 
 def _check_x64(dtype: str) -> None:
@@ -54,7 +47,8 @@ def from_params(module_class: type, config: Config, params: Mapping[str, Any], d
     _check_x64(dtype)
     module = module_class(config, dtype)
     for name in schema:
-        parent, leaf = _parent(module, name)
+        parent, leaf = parent_of(module, name)
+        leaf = _to_flax_name(parent, leaf)
         # jnp.array copies (the module owns its weights) onto the default device. An
         # nnx.Param is replaced through ``param[...] = array`` (``.value =`` is deprecated).
         getattr(parent, leaf)[...] = jnp.array(params[name], dtype=dtype)
@@ -65,7 +59,8 @@ def to_params(module: Any) -> dict[str, np.ndarray]:
     """The module's weights under their canonical names, as NumPy arrays (copied off the device)."""
     params = {}
     for name in param_schema(module.config, module.schema):
-        parent, leaf = _parent(module, name)
+        parent, leaf = parent_of(module, name)
+        leaf = _to_flax_name(parent, leaf)
         params[name] = np.array(getattr(parent, leaf)[...])
     return params
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer_spec.batches import split_batch
-from transformer_spec.schedules import run_steps
+from transformer_spec.train import train_loop
 
 from .layers import seed_dropout
 from .loss import cross_entropy
@@ -69,14 +69,8 @@ def train(
     callback: Callable[[int, float], None] | None = None,
     seed: int = 0,
 ) -> list[float]:
-    """``steps`` updates cycling through ``batches`` in order; returns the loss of every step.
-
-    ``callback(step, loss)`` runs after each step (a progress bar, say). The model trains in
-    training mode (dropout masks drawn from ``seed``) and is left in inference mode."""
+    """``steps`` Adam updates at ``schedule``'s rates, cycling through ``batches`` in order;
+    returns the loss of every step. The loop itself (training mode with dropout drawn from
+    ``seed``, ``callback(step, loss)``, back to inference mode) is ``transformer_spec.train``'s."""
     optimizer = Adam(model, schedule)
-    model.train()  # dropout on (if config.dropout > 0), drawn from ``seed``
-    seed_dropout(model, seed)
-    try:
-        return run_steps(lambda batch: train_step(model, optimizer, batch, label_smoothing), batches, steps, callback)
-    finally:
-        model.eval()  # back to inference, as build_model and load_model give it
+    return train_loop(model, optimizer, train_step, seed_dropout, batches, steps, label_smoothing, callback, seed)

@@ -14,9 +14,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from transformer_spec import param_schema
-
-from .params import _parent
+from transformer_spec import param_schema, parent_of
 
 
 class Adam:
@@ -34,7 +32,7 @@ class Adam:
         self.t = 0
 
     def _param(self, name: str) -> np.ndarray:
-        parent, leaf = _parent(self.model, name)
+        parent, leaf = parent_of(self.model, name)
         return getattr(parent, leaf)
 
     def step(self, grads: Mapping[str, np.ndarray]) -> float:

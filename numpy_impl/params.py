@@ -7,20 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from transformer_spec import Config, load_params, param_schema
+from transformer_spec import Config, load_params, param_schema, parent_of
 from transformer_spec.checks import check_dtype_request, check_params, check_params_dtype
 
 from .model import MODEL_CLASSES
-
-
-def _parent(module: Any, name: str) -> tuple[Any, str]:
-    """'encoder.layers.0.ffn.w_1.weight' -> (the w_1 Linear, 'weight')."""
-    *path, leaf = name.split(".")
-    for part in path:
-        module = module[int(part)] if part.isdigit() else getattr(module, part)
-    if module is None:  # e.g. the tied generator's missing projection
-        raise AttributeError(name)
-    return module, leaf
 
 
 def from_params(module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:
@@ -32,7 +22,7 @@ def from_params(module_class: type, config: Config, params: Mapping[str, Any], d
     check_dtype_request(dtype)
     module = module_class(config, dtype)
     for name in schema:
-        parent, leaf = _parent(module, name)
+        parent, leaf = parent_of(module, name)
         setattr(parent, leaf, np.array(params[name], dtype=dtype))  # a copy: the module owns its weights
     return module
 
@@ -41,7 +31,7 @@ def to_params(module: Any) -> dict[str, np.ndarray]:
     """The module's weights under their canonical names, as NumPy arrays."""
     params = {}
     for name in param_schema(module.config, module.schema):
-        parent, leaf = _parent(module, name)
+        parent, leaf = parent_of(module, name)
         params[name] = np.array(getattr(parent, leaf))
     return params
 

@@ -181,9 +181,10 @@ def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedSte
 
 
 def greedy(model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True) -> np.ndarray:
-    """Greedy decoding -> (B, T <= max_len + 1) ids from ``bos``, padded after ``eos``; see the module docstring."""
+    """Greedy decoding (``transformer_spec.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
+    from ``bos``, padded after ``eos``; see the module docstring."""
     stepper = make_stepper(model, cached)
-    return greedy_decode(stepper, _host_ids(src_ids), bos, eos, max_len, model.config.pad_id)
+    return greedy_decode(stepper, src_ids, bos, eos, max_len, model.config.pad_id)
 
 
 def beam(
@@ -198,20 +199,10 @@ def beam(
 ) -> BeamResult:
     """Beam search (``transformer_spec.decoding.beam_search``) -> the best hypothesis per row and its score."""
     stepper = make_stepper(model, cached)
-    return beam_search(stepper, _host_ids(src_ids), bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
+    return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
 
 
 def _to_device(model: Any, ids: np.ndarray) -> torch.Tensor:
     """NumPy ids (the search's) -> an int64 tensor on the model's device."""
     device = next(model.parameters()).device
     return torch.from_numpy(np.ascontiguousarray(ids, np.int64)).to(device)
-
-
-def _host_ids(src_ids: Any) -> np.ndarray:
-    """The search runs in NumPy on the host: ids (B, T) as a NumPy integer array, checked."""
-    if isinstance(src_ids, torch.Tensor):
-        src_ids = src_ids.cpu().numpy()
-    src_ids = np.asarray(src_ids)
-    if src_ids.ndim != 2 or not np.issubdtype(src_ids.dtype, np.integer):
-        raise ValueError(f"src_ids must be integer ids of shape (batch, seq_len), got {src_ids.dtype} {src_ids.shape}")
-    return src_ids

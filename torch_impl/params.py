@@ -9,20 +9,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from transformer_spec import Config, load_params, param_schema
+from transformer_spec import Config, load_params, param_schema, parent_of
 from transformer_spec.checks import check_dtype_request, check_params, check_params_dtype
 
 from .model import MODEL_CLASSES
-
-
-def _parent(module: Any, name: str) -> tuple[Any, str]:
-    """'encoder.layers.0.ffn.w_1.weight' -> (the w_1 Linear, 'weight')."""
-    *path, leaf = name.split(".")
-    for part in path:
-        module = module[int(part)] if part.isdigit() else getattr(module, part)
-    if module is None:  # e.g. the tied generator's missing projection
-        raise AttributeError(name)
-    return module, leaf
 
 
 def _to_torch_layout(parent: Any, leaf: str, value: np.ndarray) -> np.ndarray:
@@ -40,7 +30,7 @@ def from_params(module_class: type, config: Config, params: Mapping[str, Any], d
     module = module_class(config, dtype)
     with torch.no_grad():
         for name in schema:
-            parent, leaf = _parent(module, name)
+            parent, leaf = parent_of(module, name)
             value = _to_torch_layout(parent, leaf, np.asarray(params[name]))
             getattr(parent, leaf).copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=dtype)))
     return module.eval()
@@ -50,7 +40,7 @@ def to_params(module: nn.Module) -> dict[str, np.ndarray]:
     """The module's weights under their canonical names, as NumPy arrays."""
     params = {}
     for name in param_schema(module.config, module.schema):
-        parent, leaf = _parent(module, name)
+        parent, leaf = parent_of(module, name)
         value = getattr(parent, leaf).detach().cpu().numpy()
         params[name] = np.array(_to_torch_layout(parent, leaf, value))
     return params

@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from transformer_spec import param_schema
+from transformer_spec import param_schema, parent_of
 from transformer_spec.batches import split_batch
 
 from .loss import cross_entropy
-from .params import _parent, _to_torch_layout
+from .params import _to_torch_layout
 
 
 def loss_and_grads(
@@ -31,7 +31,7 @@ def loss_and_grads(
     """
     inputs, targets = split_batch(model.config, batch)
     names = list(param_schema(model.config))
-    leaves = [_parent(model, name) for name in names]  # (module, attribute) per canonical name
+    leaves = [parent_of(model, name) for name in names]  # (module, attribute) per canonical name
     parameters = [getattr(parent, leaf) for parent, leaf in leaves]
     with torch.enable_grad():  # (the test adapter runs models under no_grad)
         logits = model(*(torch.as_tensor(x) for x in inputs)).logits  # (B, T, V)

@@ -12,7 +12,7 @@ from .convert import attention_to_heads
 from .init import init_params
 from .io import load_params, save_params
 from .outputs import ModelOutput
-from .schema import param_schema
+from .schema import param_schema, parent_of
 
 __all__ = [
     "BACKENDS",
@@ -26,5 +26,6 @@ __all__ = [
     "init_params",
     "load_params",
     "param_schema",
+    "parent_of",
     "save_params",
 ]

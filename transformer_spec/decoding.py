@@ -35,8 +35,20 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def greedy_decode(stepper: Stepper, src_ids: np.ndarray, bos: int, eos: int, max_len: int, pad: int = 0) -> np.ndarray:
+def host_ids(src_ids: Any) -> np.ndarray:
+    """The search runs in NumPy on the host: ids (B, T) from any backend (a NumPy or JAX array,
+    a torch tensor on any device) as a NumPy integer array, checked."""
+    if hasattr(src_ids, "cpu"):  # a torch tensor, perhaps on a GPU (this package imports no framework)
+        src_ids = src_ids.cpu()
+    src_ids = np.asarray(src_ids)
+    if src_ids.ndim != 2 or not np.issubdtype(src_ids.dtype, np.integer):
+        raise ValueError(f"src_ids must be integer ids of shape (batch, seq_len), got {src_ids.dtype} {src_ids.shape}")
+    return src_ids
+
+
+def greedy_decode(stepper: Stepper, src_ids: Any, bos: int, eos: int, max_len: int, pad: int = 0) -> np.ndarray:
     """-> (B, T <= max_len + 1) ids starting with <bos>; after <eos> a row is padded."""
+    src_ids = host_ids(src_ids)  # (B, T_src)
     batch = src_ids.shape[0]
     state = stepper.start(src_ids)
     out = np.full((batch, 1), bos, np.int64)
@@ -59,7 +71,7 @@ class BeamResult:
 
 def beam_search(
     stepper: Stepper,
-    src_ids: np.ndarray,
+    src_ids: Any,
     bos: int,
     eos: int,
     max_len: int,
@@ -71,6 +83,7 @@ def beam_search(
     <eos> is finished. Stop once every source has ``beam_size`` finished hypotheses, or at
     ``max_len``. The answer is the finished (or, if none finished, running) hypothesis with
     the best log-probability / (generated length ** length_penalty)."""
+    src_ids = host_ids(src_ids)  # (B, T_src)
     batch, k = src_ids.shape[0], beam_size
     state = stepper.start(np.repeat(src_ids, k, axis=0))  # (B * k) running sequences
     tokens = np.full((batch, k, 1), bos, np.int64)

@@ -1,5 +1,4 @@
-"""Learning-rate schedules as plain functions of the step (1-based), and the training loop,
-shared by the backends.
+"""Learning-rate schedules as plain functions of the step (1-based), shared by the backends.
 
 torch wraps them in ``LambdaLR``, optax calls them with the step count, NumPy's Adam
 reads them directly: the same numbers everywhere.
@@ -8,8 +7,6 @@ reads them directly: the same numbers everywhere.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 
 def warmup_schedule(d_model: int, warmup_steps: int = 4000, factor: float = 1.0):
@@ -38,18 +35,3 @@ def peak(schedule, steps: int) -> float:
     """The largest rate over the first ``steps`` steps (for printing)."""
     return max(schedule(s) for s in range(1, steps + 1)) if steps > 0 else math.nan
 
-
-def run_steps(
-    step: Callable[[Mapping[str, Any]], float],
-    batches: Sequence[Mapping[str, Any]],
-    steps: int,
-    callback: Callable[[int, float], None] | None = None,
-) -> list[float]:
-    """The training loop every backend shares: ``step(batch) -> loss`` for ``steps`` steps,
-    cycling through ``batches`` in order; ``callback(step, loss)`` after each. Returns the losses."""
-    losses = []
-    for t in range(1, steps + 1):
-        losses.append(step(batches[(t - 1) % len(batches)]))
-        if callback is not None:
-            callback(t, losses[-1])
-    return losses

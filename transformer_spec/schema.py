@@ -13,6 +13,7 @@ composition, and the shared tests build single components from the same function
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .config import Config
 
@@ -152,3 +153,17 @@ def param_schema(config: Config, component: str = "model", prefix: str = "") -> 
     if component not in COMPONENTS:
         raise ValueError(f"unknown component {component!r}; expected one of {sorted(COMPONENTS)}")
     return COMPONENTS[component](config, prefix)
+
+
+def parent_of(module: Any, name: str) -> tuple[Any, str]:
+    """'encoder.layers.0.ffn.w_1.weight' -> (the w_1 Linear, 'weight'): a canonical name is the
+    parameter's attribute path in every backend's module tree (a digit indexes a list of layers).
+
+    The leaf is the canonical one; a backend renames or transposes it where its framework
+    differs (Flax's ``kernel``, torch's [out, in]), in its ``params.py``."""
+    *path, leaf = name.split(".")
+    for part in path:
+        module = module[int(part)] if part.isdigit() else getattr(module, part)
+    if module is None:  # e.g. the tied generator's missing projection
+        raise AttributeError(name)
+    return module, leaf
