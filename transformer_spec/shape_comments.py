@@ -44,6 +44,8 @@ import re
 import tokenize
 from dataclasses import dataclass
 
+from . import backends
+
 # The model, in the README's reading order, and its building blocks: not the training,
 # decoding, tracing, weight-loading and validation glue around it.
 COMPONENT_FILES = (
@@ -60,7 +62,7 @@ COMPONENT_FILES = (
     "loss.py",
     "layers.py",
 )
-PACKAGES = ("numpy_impl", "jax_impl", "torch_impl")
+PACKAGES = tuple(backends.package(name) for name in backends.BACKENDS)  # numpy_impl, jax_impl, torch_impl
 
 FRAMEWORK_ROOTS = {"np", "jnp", "torch", "F", "jax", "special"}
 # builtins that give a Python scalar or a bool, whatever their arguments: not looked into
