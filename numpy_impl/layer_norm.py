@@ -7,6 +7,7 @@ import numpy as np
 from transformer_spec import Config
 from transformer_spec.trace import record
 
+from .kernels import fusable
 from .layers import Module
 
 
@@ -26,6 +27,7 @@ class LayerNorm(Module):
         self.weight = np.ones((config.d_model,), dtype)
         self.bias = np.zeros((config.d_model,), dtype) if config.bias else None
 
+    @fusable("layer_norm")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: np.ndarray) -> np.ndarray:
         mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (..., 1), biased

@@ -26,7 +26,7 @@ import json
 import pathlib
 import sys
 
-from transformer_spec.differences import NUMPY_BACKWARD, REASONS
+from transformer_spec.differences import NUMPY_BACKWARD, PER_BACKEND_FILES, REASONS
 from transformer_spec.mirror import PACKAGES, PAIRS, ROOT, Report, mirror_report
 
 NO_REASON = "NO REASON"
@@ -91,6 +91,8 @@ def print_report(report: Report, pairs: list[str]) -> None:
         print(f"  -> {NUMPY_BACKWARD}: {REASONS[NUMPY_BACKWARD]}")
         for file, names in report.numpy_backward.items():
             print(f"  {file}: {', '.join(names)}")
+    for file, reason in PER_BACKEND_FILES.items():
+        print(f"\nNot compared: {file} in every backend -> {reason}: {REASONS[reason]}")
     for pair in pairs:
         differences = report.of(pair)
         print(f"\n== {pair}: {len(differences)} differences, {report.count(pair)} statements")

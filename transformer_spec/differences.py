@@ -18,7 +18,17 @@ from __future__ import annotations
 # by the mirror report itself, not by markers: it is not compared with torch at all.
 NUMPY_BACKWARD = "numpy-backward"
 
+# Files that are each backend's own by design: listed by the report with their reason,
+# not compared statement by statement.
+PER_BACKEND_FILES: dict[str, str] = {"kernels.py": "fused-kernels"}
+
 REASONS: dict[str, str] = {
+    "fused-kernels": "Speed lives in one file per backend, kernels.py: the fused kernels a backend has "
+    "(torch's F.scaled_dot_product_attention, F.layer_norm, F.gelu and its native encoder-layer op; "
+    "NumPy's blocked float32 erf and its per-batch-entry in-place attention; none in JAX, whose XLA fuses "
+    "the written-out math itself) are that framework's own and have no translation. The component files "
+    "carry the same '@fusable(name)' line in every backend, and shared_tests/test_fast_paths.py holds "
+    "each kernel equal to the code it replaces.",
     NUMPY_BACKWARD: "NumPy has no autograd: each module's hand-written backward (llm.c style, checked "
     "against finite differences and against torch.autograd) has no counterpart in torch or JAX, which "
     "derive the backward pass from the forward one.",

@@ -39,7 +39,7 @@ import tokenize
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .differences import NUMPY_BACKWARD, REASONS
+from .differences import NUMPY_BACKWARD, PER_BACKEND_FILES, REASONS
 
 PACKAGES = {"numpy": "numpy_impl", "jax": "jax_impl", "torch": "torch_impl"}
 # pair name -> (the other backend, torch): torch is the text the others are read against
@@ -571,7 +571,7 @@ class Report:
 
     def reasons_used(self) -> set[str]:
         used = {r for d in self.differences for r in d.reasons if r in REASONS}
-        return used | ({NUMPY_BACKWARD} if self.numpy_backward else set())
+        return used | ({NUMPY_BACKWARD} if self.numpy_backward else set()) | set(PER_BACKEND_FILES.values())
 
     def counts(self) -> dict:
         """pair -> {"total", "explained", "files": {file: {"total", "unexplained"}}}: the JSON summary."""
@@ -615,7 +615,7 @@ class Report:
 def module_files(root: pathlib.Path) -> list[str]:
     """The module files present in all three packages, sorted."""
     names = [{p.name for p in (root / package).glob("*.py")} for package in PACKAGES.values()]
-    return sorted(set.intersection(*names))
+    return sorted(set.intersection(*names) - set(PER_BACKEND_FILES))
 
 
 def _hunks(left: Function | None, right: Function | None) -> list[tuple[tuple, tuple]]:
