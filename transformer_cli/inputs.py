@@ -1,5 +1,6 @@
-"""The model and the input of ``trace`` and ``attention``: a preset, a checkpoint or the real
-all-MiniLM-L6-v2 weights, and random ids or a sentence tokenized for that model.
+"""The model and the input of ``compare``, ``trace`` and ``attention``: a preset, a checkpoint or
+the real all-MiniLM-L6-v2 weights, and random ids or a sentence tokenized for that model; and
+the backends a command runs in.
 
 Sentences are tokenized with the vocabulary the model's kind was trained with in this
 project: BERT's WordPiece for encoder-only models (bert-base-uncased's 30522 ids, as in
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transformer_spec import PRESETS, Config, init_params, load_params
+from backend_adapters import available_backends
+from transformer_spec import BACKENDS, PRESETS, Config, init_params, load_params
 from transformer_spec.data import BOS, NEXT_WORD, TOY_TRANSLATION, WordVocab
 
 MINILM = "minilm"  # the real all-MiniLM-L6-v2 weights, offline (the [oracles] extra)
@@ -50,7 +52,21 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_preset: str = "
         "translation of --text when it has one, else <bos> alone)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and ids (default: 0)")
-    parser.add_argument("--length", type=int, default=7, help="length of random ids without --text (default: 7)")
+    parser.add_argument(
+        "--length", type=int, default=7, help="random ids: the source's (or only) length (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--target-length",
+        type=int,
+        default=7,
+        help="random ids, encoder-decoder models: the target's length (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="random ids: rows; every row after the first is padded to a shorter real length (default: %(default)s)",
+    )
 
 
 def load_model_input(args: argparse.Namespace) -> ModelInput:
@@ -74,7 +90,7 @@ def load_model_input(args: argparse.Namespace) -> ModelInput:
         label = f"preset {args.preset} (seeded random weights)"
     params = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
     if args.text is None:
-        inputs, tokens = _random_inputs(config, args.length, args.seed)
+        inputs, tokens = _random_inputs(config, args.seed, args.batch, args.length, args.target_length)
     else:
         inputs, tokens = _sentence_inputs(config, args.text, args.target)
     return ModelInput(config, params, inputs, tokens, label)
@@ -85,8 +101,23 @@ def describe(model_input: ModelInput) -> str:
     return (
         f"model: {model_input.label}: {c.kind}, d_model {c.d_model}, {c.num_heads} heads, d_ff {c.d_ff}, "
         f"layers {c.num_encoder_layers}+{c.num_decoder_layers}, {'pre' if c.norm_first else 'post'}-norm, "
-        f"{c.activation}"
+        f"{c.activation}, {c.positional} positions"
     )
+
+
+def add_backends_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: all installed)")
+
+
+def chosen_backends(names: str) -> tuple[list[str], list[str]]:
+    """``--backends`` ("numpy,torch") -> (those installed, those not), in the order given; an
+    unknown name ends the command with the known ones."""
+    wanted = [b.strip() for b in names.split(",") if b.strip()]
+    unknown = sorted(set(wanted) - set(BACKENDS))
+    if unknown:
+        raise SystemExit(f"unknown backends {unknown}; expected some of {list(BACKENDS)}")
+    installed = available_backends()
+    return [b for b in wanted if b in installed], [b for b in wanted if b not in installed]
 
 
 # ------------------------------------------------------------------------------ vocabularies
@@ -144,16 +175,22 @@ def _check_fits(name: str, size: int, vocab: int) -> None:
         raise SystemExit(f"--text uses the toy corpus' {vocab} words, but this model's {name} is {size}")
 
 
-def _random_inputs(config: Config, length: int, seed: int) -> tuple[tuple[np.ndarray, ...], list[list[str]]]:
-    """One row of random non-pad ids (of each sequence the model takes)."""
+def _random_inputs(
+    config: Config, seed: int, batch: int, length: int, target_length: int
+) -> tuple[tuple[np.ndarray, ...], list[list[str]]]:
+    """``batch`` rows of random non-pad ids (of each sequence the model takes); every row after
+    the first is padded to a shorter real length, so that padding is part of what is compared."""
     rng = np.random.default_rng(seed)
 
-    def ids(vocab: int) -> np.ndarray:
-        x = rng.integers(0, vocab - 1, size=(1, length))
-        return x + (x >= config.pad_id)  # skip pad_id
+    def ids(vocab: int, length: int) -> np.ndarray:
+        x = rng.integers(0, vocab - 1, size=(batch, length))  # (batch, length)
+        x = x + (x >= config.pad_id)  # skip pad_id
+        for row in range(1, batch):
+            x[row, max(1, length - 2 * row) :] = config.pad_id
+        return x
 
     if config.kind == "encoder_decoder":
-        inputs = (ids(config.src_vocab_size), ids(config.tgt_vocab_size))
+        inputs = (ids(config.src_vocab_size, length), ids(config.tgt_vocab_size, target_length))
     else:
-        inputs = (ids(config.tgt_vocab_size if config.kind == "decoder_only" else config.src_vocab_size),)
+        inputs = (ids(config.tgt_vocab_size if config.kind == "decoder_only" else config.src_vocab_size, length),)
     return inputs, [[f"#{int(i)}" for i in x[0]] for x in inputs]

@@ -25,11 +25,17 @@ import sys
 import time
 from dataclasses import dataclass
 
-from backend_adapters import available_backends, get_backend
-from transformer_spec import BACKENDS
+from backend_adapters import get_backend
 from transformer_spec.tolerances import TOLERANCE, max_relative_difference
 
-from .inputs import ModelInput, add_model_arguments, describe, load_model_input
+from .inputs import (
+    ModelInput,
+    add_backends_argument,
+    add_model_arguments,
+    chosen_backends,
+    describe,
+    load_model_input,
+)
 
 
 def add_parser(commands) -> None:
@@ -38,7 +44,7 @@ def add_parser(commands) -> None:
     )
     add_model_arguments(parser)
     parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: all installed)")
+    add_backends_argument(parser)
     parser.add_argument("--filter", default="", help="print only intermediates whose name contains this")
     parser.set_defaults(run=run)
 
@@ -93,17 +99,12 @@ def compare_traces(reference: dict, traces: dict[str, dict]) -> tuple[list[Row],
 
 def run(args: argparse.Namespace) -> int:
     model_input = load_model_input(args)
-    wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = sorted(set(wanted) - set(BACKENDS))
-    if unknown:
-        raise SystemExit(f"unknown backends {unknown}; expected some of {list(BACKENDS)}")
-    installed = available_backends()
+    installed, skipped = chosen_backends(args.backends)
     dtypes = ["float64", "float32"] if args.dtype == "both" else [args.dtype]
-    runs = [(b, d) for b in wanted if b in installed for d in dtypes]
+    runs = [(b, d) for b in installed for d in dtypes]
     print(describe(model_input))
     for tokens in model_input.tokens:
         print(f"input: {' '.join(tokens)}  ({len(tokens)} tokens)")
-    skipped = [b for b in wanted if b not in installed]
     if skipped:
         print(f"not installed (skipped): {', '.join(skipped)}")
 
