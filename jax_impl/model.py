@@ -61,6 +61,7 @@ class Generator(nnx.Module):
 
     def __call__(self, x: jax.Array, embedding: jax.Array) -> jax.Array:
         if self.proj is None:
+            # differs: jax-precision-highest
             logits = jnp.matmul(x, embedding.T, precision=jax.lax.Precision.HIGHEST)  # (B, T, d_model) @ (d_model, V)
         else:
             logits = self.proj(x)  # (B, T, V)
@@ -81,7 +82,7 @@ class Transformer(nnx.Module):
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
-        seed_dropout(self, 0)  # every Dropout its own random stream (they would otherwise all start alike)
+        seed_dropout(self, 0)  # differs: dropout-streams
 
     def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
@@ -153,7 +154,7 @@ class TransformerLM(nnx.Module):
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
-        seed_dropout(self, 0)  # every Dropout its own random stream (they would otherwise all start alike)
+        seed_dropout(self, 0)  # differs: dropout-streams
 
     def check_inputs(self, ids, mask=None, return_attentions=False, return_hidden_states=False) -> None:
         """Every input, checked once; the submodules trust them."""
@@ -207,7 +208,7 @@ class TransformerEncoderModel(nnx.Module):
         self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
         self.encoder = Encoder(config, dtype)
         self.pooler = Pooler(config, dtype) if config.pooler else None
-        seed_dropout(self, 0)  # every Dropout its own random stream (they would otherwise all start alike)
+        seed_dropout(self, 0)  # differs: dropout-streams
 
     def check_inputs(
         self, ids, token_type_ids=None, mask=None, return_attentions=False, return_hidden_states=False
@@ -249,7 +250,7 @@ MODEL_CLASSES = {
 
 
 # ----------------------------------------------------------------------- compiled from outside
-def _run(model: nnx.Module, arrays: tuple, flags: tuple) -> ModelOutput:
+def _run(model: nnx.Module, arrays: tuple, flags: tuple) -> ModelOutput:  # differs: jax-jit
     """``model(*arrays, *flags)`` with the inputs already checked (``compiled`` did, eagerly)."""
     with inputs_checked():
         return model(*arrays, *flags)
@@ -272,7 +273,7 @@ _FLAGS = ("return_attentions", "return_hidden_states")
 def compiled(model: nnx.Module) -> Callable[..., ModelOutput]:
     """``model`` as one XLA program: a callable with the model's arguments that checks them
     eagerly (``model.check_inputs``), then runs the jit-compiled forward pass."""
-    signature = inspect.signature(type(model).__call__)
+    signature = inspect.signature(type(model).__call__)  # differs: jax-jit
 
     def call(*args, **kwargs) -> ModelOutput:
         model.check_inputs(*args, **kwargs)

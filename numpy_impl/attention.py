@@ -138,11 +138,11 @@ class MultiHeadAttention(Module):
     def split_heads(self, x: np.ndarray) -> np.ndarray:
         batch, seq_len, _ = x.shape
         x = x.reshape(batch, seq_len, self.num_heads, self.d_k)  # (B, T, H, d_k)
-        return x.transpose(0, 2, 1, 3)  # (B, H, T, d_k)
+        return x.swapaxes(1, 2)  # (B, H, T, d_k)
 
     def merge_heads(self, x: np.ndarray) -> np.ndarray:
         batch, _, seq_len, _ = x.shape
-        x = x.transpose(0, 2, 1, 3)  # (B, T, H, d_k)
+        x = x.swapaxes(1, 2)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, self.num_heads * self.d_k)  # (B, T, d_model)
 
     @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)

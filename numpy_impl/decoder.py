@@ -205,8 +205,7 @@ class Decoder(Module):
             self_attentions, cross_attentions = [], []
         elif not self.config.decoder_has_cross_attention:
             cross_attentions = []
-        hidden = tuple(hidden_states) if need_hidden_states else ()
-        return x, hidden, tuple(self_attentions), tuple(cross_attentions)
+        return x, (tuple(hidden_states) if need_hidden_states else ()), tuple(self_attentions), tuple(cross_attentions)
 
     def backward(
         self, grad_output: np.ndarray

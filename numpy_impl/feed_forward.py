@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import special
+from scipy.special import erf
 
 from transformer_spec import Config
 from transformer_spec.trace import record
@@ -26,12 +26,12 @@ def relu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
 @fusable("gelu")  # speed: a fused kernel may run instead (kernels.py)
 def gelu(x: np.ndarray) -> np.ndarray:
     """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu")."""
-    return 0.5 * x * (1.0 + special.erf(x / math.sqrt(2.0)))
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
 
 def gelu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
     """d/dx [x Phi(x)] = Phi(x) + x phi(x), with phi the standard normal density."""
-    cdf = 0.5 * (1.0 + special.erf(x / math.sqrt(2.0)))  # (...,) Phi(x)
+    cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))  # (...,) Phi(x)
     pdf = np.exp(-0.5 * x**2) / math.sqrt(2.0 * math.pi)  # (...,) phi(x)
     return grad_output * (cdf + x * pdf)  # (...,)
 
@@ -63,7 +63,6 @@ class PositionwiseFeedForward(Module):
         self.w_1 = Linear(config.d_model, config.d_ff, config.bias, dtype)
         self.w_2 = Linear(config.d_ff, config.d_model, config.bias, dtype)
         self.activation = ACTIVATIONS[config.activation]
-        self.activation_backward = ACTIVATION_BACKWARDS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -80,6 +79,7 @@ class PositionwiseFeedForward(Module):
         pre_activation = self.saved.pre_activation  # (B, T, d_ff)
         grad_hidden, w_2_grads = self.w_2.backward(grad_output)  # (B, T, d_ff)
         grad_hidden, _ = self.dropout.backward(grad_hidden)  # (B, T, d_ff)
-        grad_pre_activation = self.activation_backward(pre_activation, grad_hidden)  # (B, T, d_ff)
+        activation_backward = ACTIVATION_BACKWARDS[self.config.activation]
+        grad_pre_activation = activation_backward(pre_activation, grad_hidden)  # (B, T, d_ff)
         grad_x, w_1_grads = self.w_1.backward(grad_pre_activation)  # (B, T, d_model)
         return grad_x, with_prefix("w_1", w_1_grads) | with_prefix("w_2", w_2_grads)

@@ -67,7 +67,7 @@ class Transformer(Module):
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
-        seed_dropout(self, 0)  # every Dropout its own generator (they would otherwise all start alike)
+        seed_dropout(self, 0)  # differs: dropout-streams
 
     def encode(self, src_ids, src_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
@@ -160,7 +160,7 @@ class TransformerLM(Module):
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
-        seed_dropout(self, 0)  # every Dropout its own generator (they would otherwise all start alike)
+        seed_dropout(self, 0)  # differs: dropout-streams
 
     def check_inputs(self, ids, mask=None, return_attentions=False, return_hidden_states=False) -> None:
         """Every input, checked once; the submodules trust them."""
@@ -230,7 +230,7 @@ class TransformerEncoderModel(Module):
         self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
         self.encoder = Encoder(config, dtype)
         self.pooler = Pooler(config, dtype) if config.pooler else None
-        seed_dropout(self, 0)  # every Dropout its own generator (they would otherwise all start alike)
+        seed_dropout(self, 0)  # differs: dropout-streams
 
     def check_inputs(
         self, ids, token_type_ids=None, mask=None, return_attentions=False, return_hidden_states=False

@@ -34,6 +34,16 @@ REASONS: dict[str, str] = {
     "derive the backward pass from the forward one.",
     "numpy-autograd": "NumPy has no autograd: when gradients are asked for, the forward keeps, by name, the "
     "values its hand-written backward reads (self.keep); torch's autograd and jax.grad record them unasked.",
+    "dropout-streams": "NumPy and JAX keep a random stream in each Dropout module (a NumPy Generator, an NNX "
+    "RngStream), so a model seeds them all when it is built (seed_dropout(self, 0)); torch draws every "
+    "dropout mask from its one global generator, which a constructor must not reseed behind the user's back.",
+    "jax-jit": "JAX compiles, from outside the model as Flax's own examples do: compiled(model) checks the "
+    "inputs eagerly (inside jit their values are unknown) and runs the forward pass as one jax.jit program "
+    "(nnx.jit while dropout advances its random streams). NumPy and torch run eagerly: their compiled(model) "
+    "is the model itself.",
+    "jax-precision-highest": "JAX's float32 matmuls may run at reduced precision on GPUs and TPUs (TF32, bf16 "
+    "passes) unless told otherwise, so each one names Precision.HIGHEST; NumPy's are full precision, and "
+    "torch's are pinned once, process-wide (torch.set_float32_matmul_precision('highest')).",
     "torch-device": "torch allocates on a device: a tensor made from nothing (torch.ones, torch.arange, "
     "torch.zeros) is told where, usually the device of an input, or it lands on the CPU next to a GPU "
     "model. NumPy has one device, and JAX puts new arrays on its default device.",
