@@ -80,10 +80,11 @@ DOCS_PARITY_TESTS = ["shared_tests/test_components.py", "shared_tests/test_model
 
 @nox.session
 def docs(session):
-    """The three-column reference site in docs/site/ (not in CI: CI only checks it is up to date).
-    Measures parity (docs/parity.json), traces the walkthrough (docs/walkthrough.json), runs the
-    pitfalls (docs/pitfalls.json), renders the pages and docs/screenshots/attention.png (headless
-    Chromium), then runs the docs tests."""
+    """The three-column reference site, built into docs/site/ (not committed; CI builds it into a
+    temporary folder and checks it, in shared_tests/test_docs.py). Measures parity
+    (docs/parity.json), traces the walkthrough (docs/walkthrough.json), runs the pitfalls
+    (docs/pitfalls.json), renders and checks the pages, saves docs/screenshots/attention-<width>.png
+    and measures every page at 1000, 1400 and 1900 px (headless Chromium), then runs the docs tests."""
     session.install("-e", ".[all,test,docs]", TORCH_PIN)
     # The walkthrough's tokenizer reads bert-base-uncased's vocab.txt from this package; its
     # sentence-transformers dependency is not needed for that.
@@ -91,7 +92,7 @@ def docs(session):
     session.run("pytest", *DOCS_PARITY_TESTS, "-q", "--parity-json", "docs/parity.json")
     session.run("python", "-m", "docs.walkthrough")
     session.run("python", "-m", "docs.pitfalls_data")
-    session.run("python", "-m", "docs.build", "--screenshot")
+    session.run("python", "-m", "docs.build", "--check", "--screenshot")
     session.run("pytest", "shared_tests/test_docs.py", *session.posargs)
 
 

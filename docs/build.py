@@ -3,12 +3,17 @@
 Every page is a pure function of the source files (cut out with ``ast``, highlighted with
 pygments), ``docs/components.py`` (the page list) and three committed measurements:
 ``docs/parity.json`` (the test suite's numbers), ``docs/walkthrough.json`` and
-``docs/pitfalls.json``. So a build is byte-for-byte reproducible, and
-``shared_tests/test_docs.py`` can fail when the committed site is stale. ``nox -s docs``
-re-measures the three JSON files first, then runs this with ``--screenshot``.
+``docs/pitfalls.json``. The site itself is not committed: it is built from the source
+(here, by ``nox -s docs``, and by ``shared_tests/test_docs.py`` into a temporary folder) and
+checked for what a reader needs, never compared byte for byte, so a comment or a blank line
+in a backend, or another pygments version, changes nothing that is checked.
 
-- ``--check``: build in memory, compare with ``docs/site/``, list the stale pages (exit 1).
-- ``--screenshot``: also save ``docs/screenshots/attention.png`` (headless Chromium, 1600x1000).
+- ``--check``: then check the site built (``docs.check``: every page, every definition that
+  ``docs/components.py`` names in every backend, every link, real code in all three
+  columns); exit 1 on a problem.
+- ``--screenshot``: then save ``docs/screenshots/attention-<width>.png`` at each width of
+  ``docs.layout.WIDTHS`` and measure every page at those widths (headless Chromium:
+  equations clipped or scrolled, content cut off, columns not side by side); exit 1 on a problem.
 """
 
 from __future__ import annotations
@@ -22,13 +27,13 @@ from pygments.formatters import HtmlFormatter
 
 from transformer_spec.mirror import mirror_report
 
-from . import chromium, mirror_page, pages, parity, source
+from . import check, chromium, layout, mirror_page, pages, parity, source
 from .components import PAGES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 SITE = DOCS / "site"
-SCREENSHOT = DOCS / "screenshots" / "attention.png"
+SCREENSHOTS = DOCS / "screenshots"  # attention-<width>.png
 SCREENSHOT_PAGE = "attention.html"
 GENERATED = (".html", ".css")  # what a build owns in its output folder
 
@@ -56,6 +61,7 @@ def render_site(root: pathlib.Path = ROOT) -> dict[str, str]:
         extra.append(("walkthrough", "Walkthrough", f"“{walkthrough['text']}” through BERT-base, every shape."))
     if pitfalls:
         extra.append(("pitfalls", "Pitfalls", "Where the frameworks disagree, run and measured."))
+    extra.append(("tutorials", "Tutorials", "The five tutorials this reference grew from, and their bugs fixed here."))
     extra.append(("mirror", mirror_page.TITLE, mirror_page.SUMMARY))
     nav = [("index", "Index"), *((p.slug, p.title.split(":")[0]) for p in PAGES), *((s, t) for s, t, _ in extra)]
     files = {"style.css": stylesheet()}
@@ -67,6 +73,7 @@ def render_site(root: pathlib.Path = ROOT) -> dict[str, str]:
         files["walkthrough.html"] = pages.layout("Walkthrough", "walkthrough", pages.walkthrough_page(walkthrough), nav)
     if pitfalls:
         files["pitfalls.html"] = pages.layout("Pitfalls", "pitfalls", pages.pitfalls_page(pitfalls), nav)
+    files["tutorials.html"] = pages.layout("Tutorials", "tutorials", pages.tutorials_page(pitfalls), nav)
     body = mirror_page.mirror_page(mirror, _load(docs / "mirror_baseline.json"))
     files["mirror.html"] = pages.layout(mirror_page.TITLE, "mirror", body, nav)
     return dict(sorted(files.items()))
@@ -81,35 +88,31 @@ def write(files: dict[str, str], out: pathlib.Path) -> None:
         (out / name).write_bytes(content.encode("utf-8"))
 
 
-def stale(files: dict[str, str], site: pathlib.Path = SITE) -> list[str]:
-    """Names of the files that differ from ``site``'s, are missing there, or should not be there."""
-    on_disk = {p.name for p in site.iterdir() if p.is_file() and p.suffix in GENERATED} if site.exists() else set()
-    differ = [
-        name for name, content in files.items() if name not in on_disk or (site / name).read_bytes() != content.encode()
-    ]
-    return sorted(differ + [f"{name} (no longer generated)" for name in on_disk - set(files)])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m docs.build", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=SITE, help="output folder (default: docs/site)")
-    parser.add_argument("--check", action="store_true", help="compare with --out instead of writing; exit 1 if stale")
-    parser.add_argument("--screenshot", action="store_true", help=f"also save {SCREENSHOT.relative_to(ROOT)}")
+    parser.add_argument("--check", action="store_true", help="then check the site built (pages, definitions, links)")
+    parser.add_argument(
+        "--screenshot", action="store_true", help=f"then screenshot it and measure every page at {layout.WIDTHS} px"
+    )
     args = parser.parse_args(argv)
     files = render_site()
-    if args.check:
-        differ = stale(files, args.out)
-        if differ:
-            print(f"{args.out} is stale: run `nox -s docs`\n  " + "\n  ".join(differ))
-            return 1
-        print(f"{args.out} is up to date ({len(files)} files)")
-        return 0
     write(files, args.out)
     size = sum(len(c.encode()) for c in files.values())
     print(f"wrote {len(files)} files ({size / 1024:.0f} KiB) to {args.out}")
+    problems = []
+    if args.check:
+        problems += check.missing_definitions(ROOT) + check.site_problems(ROOT, args.out)
     if args.screenshot:
-        chromium.screenshot(args.out / SCREENSHOT_PAGE, SCREENSHOT)
-        print(f"wrote {SCREENSHOT}")
+        for width in layout.WIDTHS:
+            png = chromium.screenshot(args.out / SCREENSHOT_PAGE, SCREENSHOTS / f"attention-{width}.png", (width, 1000))
+            print(f"wrote {png.relative_to(ROOT)}")
+        problems += layout.problems(layout.measure(args.out))
+    if problems:
+        print(f"{len(problems)} problems:\n  " + "\n  ".join(problems))
+        return 1
+    if args.check or args.screenshot:
+        print("checked: no problems")
     return 0
 
 

@@ -31,6 +31,7 @@ def _run(page: pathlib.Path, *flags: str, timeout: float = 120) -> subprocess.Co
             "--no-sandbox",
             "--disable-gpu",
             "--hide-scrollbars",
+            "--allow-file-access-from-files",  # docs/layout.py's harness page measures the pages it frames
             f"--user-data-dir={profile}",
             *flags,
             page.resolve().as_uri(),

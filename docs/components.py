@@ -36,6 +36,18 @@ NOT_SHOWN = {
 
 AUTOGRAD = "No counterpart: {framework} derives the backward pass from the forward one."
 
+
+def is_backward(name: str) -> bool:
+    """A hand-written backward pass (or its helper): NumPy's alone, the others have autograd."""
+    return name.endswith("_backward") or name == "without_extra"
+
+
+def declared_absent(page: Page, name: str, backend: str) -> bool:
+    """Whether ``backend`` may lack ``name`` (its empty cell then says why): the page's ``notes``
+    give the reason, or it is a backward pass and the backend has autograd."""
+    return name in page.notes or (backend != "numpy" and is_backward(name))
+
+
 PAGES: tuple[Page, ...] = (
     Page(
         slug="positional",
@@ -130,7 +142,7 @@ PAGES: tuple[Page, ...] = (
         text=(
             "The h heads live in one (d_model, d_model) matrix per projection: project once, reshape "
             "(B, T, d_model) -> (B, T, H, d_k) and move the head axis forward -> (B, H, T, d_k), attend in every "
-            "head at once, and undo the reshape before `w_o`. `MultiHeadAttentionLoop` is the seeds' list of "
+            "head at once, and undo the reshape before `w_o`. `MultiHeadAttentionLoop` is the tutorials' list of "
             "separate `AttentionHead` modules; given slices of the fused weights it is the same function.",
             "Weights are stored [in, out] (`x @ W`, the paper's layout) with q, k, v, o separate; torch's "
             "`nn.Linear` keeps [out, in], which `params.py` transposes. During decoding, `KeyValueCache` keeps "
@@ -261,7 +273,7 @@ PAGES: tuple[Page, ...] = (
             "exactly 4-D: a (B, T) mask would broadcast silently wrong when B == T_q. torch's "
             "`nn.MultiheadAttention` reads True as masked; we follow `F.scaled_dot_product_attention` and Flax.",
             "The cross-attention mask hides the source padding: its last axis is the source length, not the "
-            "target length (the mismatch one of the seeds' decoders tripped on).",
+            "target length (the mismatch on which the from-scratch tutorial's decoder stopped).",
         ),
         code=(
             "masks.py: make_padding_mask, make_causal_mask, make_decoder_mask, make_cross_attention_mask",
@@ -307,7 +319,8 @@ PAGES: tuple[Page, ...] = (
             "The right half of figure 1. The self-attention is causal (position i sees 0..i), so the model "
             "can be trained on whole sequences at once and still predict each token from its past only; the "
             "cross-attention takes its queries from the decoder and its keys and values from the encoder's "
-            "output. A decoder-only language model (the seeds' GPT) is the same stack without cross-attention.",
+            "output. A decoder-only language model (GPT, the LLM notes' tiny model) is the same stack without "
+            "cross-attention.",
             "`LayerCache` holds a layer's self-attention keys and values of every token fed so far and the "
             "memory's, projected once, for incremental decoding.",
         ),

@@ -1,6 +1,6 @@
 """HTML of every page: the layout, a component page (equations, text, three aligned columns of
-code, parity), the index, the walkthrough and the pitfalls. Pure functions of their inputs,
-so that a build is byte-for-byte reproducible."""
+code, parity), the index, the walkthrough, the pitfalls and the tutorials. Pure functions of
+their inputs, so that a build is reproducible."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from pygments.lexers import PythonLexer
 import transformer_spec.backends
 
 from . import parity, source
-from .components import AUTOGRAD, PAGES, Page
+from .components import AUTOGRAD, PAGES, Page, is_backward
 from .mathml import tex_to_mathml
+from .tutorials import BY_SLUG, TUTORIALS
 
 SITE_TITLE = "The Transformer, three ways"
 # transformer_spec.BACKENDS name -> (column title, what computes its gradients)
@@ -92,7 +93,7 @@ def _where(path: str, snippet: source.Snippet | None) -> str:
 def _missing_note(page: Page, name: str, framework: str) -> str:
     if name in page.notes:
         return inline(page.notes[name])
-    if name.endswith("_backward") or name == "without_extra":
+    if is_backward(name):
         return inline(AUTOGRAD.format(framework=framework))
     return "Not in this backend."
 
@@ -167,9 +168,11 @@ def index_page(report: dict | None, extra: list[tuple[str, str, str]]) -> str:
         + "<h2>Parity, every measured test</h2>\n"
         + parity.overall(report)
         + "\n<p>Rebuild with <code>nox -s docs</code> (measures parity, traces the walkthrough, renders "
-        "<code>docs/site/</code>, takes the screenshot, runs the docs tests), or only re-render the pages "
+        "<code>docs/site/</code>, takes the screenshots, runs the docs tests), or only re-render the pages "
         "from the committed measurements with <code>python -m docs.build</code>. "
-        "<code>pytest shared_tests/test_docs.py</code> fails when these pages are stale against the source.</p>"
+        "<code>pytest shared_tests/test_docs.py</code> builds the site from the source and fails when a "
+        "definition a page names is missing from a backend, a page or a link is broken, or, in headless "
+        "Chromium at 1000, 1400 and 1900 px wide, an equation or a column does not fit.</p>"
     )
 
 
@@ -218,7 +221,7 @@ def walkthrough_page(data: dict) -> str:
         same = len({tuple(s) if s else None for s in shapes}) == 1
         cells = "".join(f'<td class="shape{"" if same else " differs"}">{_shape(s)}</td>' for s in shapes)
         diff_cells = "".join(
-            f"<td>{step['max_diff'][b]:.1e}</td>" if step["max_diff"].get(b) is not None else "<td>—</td>"
+            f'<td class="diff">{step["max_diff"][b]:.1e}</td>' if step["max_diff"].get(b) is not None else "<td>—</td>"
             for b in backends
             if b != "numpy"
         )
@@ -261,9 +264,10 @@ def walkthrough_page(data: dict) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in sorted(data.get("versions", {}).items()))
     return (
         f"<h1>Walkthrough: “{html.escape(data['text'])}” through a BERT-sized encoder</h1>\n"
-        f"<p>The seeds' dimension walkthrough, in all three frameworks. The sentence is tokenized by "
+        '<p>The <a href="tutorials.html#time-flies">tutorials\'</a> dimension walkthrough, in all three '
+        "frameworks. The sentence is tokenized by "
         f"<code>transformer_spec.tokenizer</code> (BERT's WordPiece, the bert-base-uncased vocabulary) into "
-        f"{tokens} = ids [{ids}] (without [CLS]/[SEP], as in the seeds: batch 1, {len(data['tokens'])} "
+        f"{tokens} = ids [{ids}] (without [CLS]/[SEP], as in the tutorials: batch 1, {len(data['tokens'])} "
         f"tokens), and run through the <code>{data['preset']}</code> configuration ({html.escape(config)}) "
         f"with seeded random weights (<code>init_params(config, seed={data['seed']})</code>), in "
         f"{data['dtype']}, once per backend.</p>\n"
@@ -322,11 +326,14 @@ def pitfalls_page(data: dict) -> str:
                     f'<p class="outcome {kind}">{inline(result[summary_key])}</p>{extra}</div>'
                 )
         explanation = "\n".join(f"<p>{inline(p)}</p>" for p in item["explanation"].split("\n\n") if p.strip())
-        seeds = f" Made in seed tutorial {', '.join(item['seeds'])}." if item.get("seeds") else ""
+        made_in = ", ".join(
+            f'<a href="tutorials.html#{slug}">{html.escape(BY_SLUG[slug].title)}</a>' for slug in item["tutorials"]
+        )
+        made_in = f" Made in the tutorial{'s' if len(item['tutorials']) > 1 else ''}: {made_in}." if made_in else ""
         where = ", ".join(item["backends"])
         sections.append(
             f'<section class="pitfall" id="{anchor}"><h2>{html.escape(item["title"])}</h2>{explanation}'
-            f'<p class="how">Can happen in: {html.escape(where)}.{html.escape(seeds)}</p>'
+            f'<p class="how">Can happen in: {html.escape(where)}.{made_in}</p>'
             f'<div class="columns">{heads}\n' + "\n".join(rows) + "</div></section>"
         )
     versions = ", ".join(f"{k} {v}" for k, v in sorted(data.get("versions", {}).items()))
@@ -336,5 +343,46 @@ def pitfalls_page(data: dict) -> str:
         "project's, on the same small seeded input, in every backend where the mistake can happen. "
         f"<code>{html.escape(data['command'])}</code> ({html.escape(versions)}) wrote "
         "<code>docs/pitfalls.json</code> from <code>pitfalls.run_all</code>; the code shown is the code that ran.</p>\n"
+        f'<ol class="pages">{"".join(toc)}</ol>\n' + "\n".join(sections)
+    )
+
+
+# ------------------------------------------------------------------ tutorials
+def prose(text: str) -> str:
+    """``inline``, and [label](page.html#anchor) as a link."""
+    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', inline(text))
+
+
+def tutorials_page(pitfalls: dict | None) -> str:
+    """``docs.tutorials``: per tutorial, what it covers, what was taken, its bugs and where they are fixed."""
+    titles = {item["name"]: item["title"] for item in pitfalls["pitfalls"]} if pitfalls else {}
+    toc, sections = [], []
+    for number, tutorial in enumerate(TUTORIALS, 1):
+        toc.append(f'<li><a href="#{tutorial.slug}">{html.escape(tutorial.title)}</a></li>')
+        took = "".join(f"<li>{prose(t)}</li>" for t in tutorial.took)
+        rows = []
+        for fix in tutorial.fixes:
+            run = (
+                f'<a href="pitfalls.html#{fix.pitfall}">{html.escape(titles[fix.pitfall])}</a>'
+                if fix.pitfall in titles
+                else "—"
+            )
+            rows.append(f"<tr><td>{prose(fix.bug)}</td><td>{prose(fix.here)}</td><td>{run}</td></tr>")
+        sections.append(
+            f'<section class="tutorial" id="{tutorial.slug}"><h2>{number}. {html.escape(tutorial.title)}</h2>\n'
+            f'<p class="how">{prose(tutorial.source)}</p>\n'
+            f"<h3>What it covers</h3>\n<p>{prose(tutorial.covers)}</p>\n"
+            f"<h3>What this reference took from it</h3>\n<ul>{took}</ul>\n"
+            "<h3>Its bugs, and where they are fixed here</h3>\n"
+            '<table class="fixes"><thead><tr><th>the tutorial</th><th>here</th><th>run, the tutorial\'s code '
+            "next to ours</th></tr></thead>\n<tbody>" + "\n".join(rows) + "</tbody></table></section>"
+        )
+    return (
+        "<h1>The tutorials this reference grew from</h1>\n"
+        "<p>This reference began as a rewrite of five Chinese PyTorch tutorials: two notebooks, a blog post, "
+        "an article and a set of study notes. Each section below says what one of them covers, what this "
+        "project took from it, and which of its bugs are fixed here and where. A bug with a pitfall beside "
+        'it is run on the <a href="pitfalls.html">pitfalls page</a>: the tutorial\'s code next to ours, in '
+        "every backend where the mistake can happen.</p>\n"
         f'<ol class="pages">{"".join(toc)}</ol>\n' + "\n".join(sections)
     )

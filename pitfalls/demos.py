@@ -1,6 +1,6 @@
 """One demonstration per classic mistake: the wrong code runs next to ours, on the same input.
 
-Layout of each pitfall: module-level ``wrong_*`` functions (the mistake, as the seeds
+Layout of each pitfall: module-level ``wrong_*`` functions (the mistake, as the tutorials
 write it, and nothing else changed), ``ours_*`` functions that call the project's real
 code, and a registered ``run(backend)``. The page shows ``inspect.getsource`` of the
 functions that ran. Where NumPy, JAX and torch spell an operation the same way (``@``,
@@ -38,7 +38,7 @@ class Ops(NamedTuple):
     numpy: ``np.where``, ``scipy.special.softmax(s, axis=-1)``, ``np.arange``;
     jax: ``jnp.where``, ``jax.nn.softmax(s, axis=-1)``, ``jnp.arange``;
     torch: ``torch.where``, ``torch.softmax(s, dim=-1)``, ``torch.arange``.
-    Each softmax is the framework's own (max-subtracted), not ours: what the seeds call.
+    Each softmax is the framework's own (max-subtracted), not ours: what the tutorials call.
     """
 
     where: Callable
@@ -86,7 +86,7 @@ def _g(x: float) -> str:
 
 
 def wrong_attention_scaled_by_d_model(ops, q, k, v, d_model):
-    scores = q @ k.swapaxes(-1, -2) / math.sqrt(d_model)  # (B, H, T_q, T_k); seed 001: / embed_size ** (1/2)
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(d_model)  # (B, H, T_q, T_k); from-scratch: / embed_size ** (1/2)
     weights = ops.softmax(scores)  # (B, H, T_q, T_k)
     return weights @ v, weights  # (B, H, T_q, d_k)
 
@@ -101,13 +101,18 @@ def _row_std_of_scores(weights: np.ndarray) -> float:
     return float(np.log(weights).std(axis=-1).mean())
 
 
-@register("scale-by-d-model", "Attention scaled by sqrt(d_model) instead of sqrt(d_k)", BACKENDS, seeds=("001",))
+@register(
+    "scale-by-d-model",
+    "Attention scaled by sqrt(d_model) instead of sqrt(d_k)",
+    BACKENDS,
+    tutorials=("from-scratch",),
+)
 def scale_by_d_model(backend: str) -> Demonstration:
     """Dividing the scores by sqrt(d_k) keeps their variance near 1 when q and k have unit-variance
-    entries (section 3.2.1): the dot product of two d_k-vectors has variance d_k. Seed 001 divides
-    by sqrt(embed_size) = sqrt(d_model) instead, so every score is sqrt(num_heads) times too small:
-    the softmax runs at temperature sqrt(h) and every head's attention is flatter than the model
-    the paper describes. Nothing fails; the weights are simply different."""
+    entries (section 3.2.1): the dot product of two d_k-vectors has variance d_k. The from-scratch
+    tutorial divides by sqrt(embed_size) = sqrt(d_model) instead, so every score is sqrt(num_heads)
+    times too small: the softmax runs at temperature sqrt(h) and every head's attention is flatter
+    than the model the paper describes. Nothing fails; the weights are simply different."""
     b, ops = _backend(backend), _ops(backend)
     rng = np.random.default_rng(0)
     shape = (2, CONFIG.num_heads, 7, CONFIG.d_k)  # (B, H, T, d_k)
@@ -163,17 +168,17 @@ def ours_multi_head_attention(backend, config, params, x):
     "one-linear-for-all-heads",
     "One small Linear(d_k, d_k) shared by all heads",
     BACKENDS,
-    seeds=("001",),
+    tutorials=("from-scratch",),
 )
 def one_linear_for_all_heads(backend: str) -> Demonstration:
-    """Seed 001 splits x into heads *before* projecting and gives q, k and v one
+    """The from-scratch tutorial splits x into heads *before* projecting and gives q, k and v one
     nn.Linear(heads_dim, heads_dim) each, applied to every head. So head h only ever sees
     features h*d_k .. (h+1)*d_k - 1 of its input, and all heads share one projection:
     3 d_k^2 weights where the paper has 3 d_model^2 (W_i^Q is d_model x d_k *per head*).
     It is exactly our attention with block-diagonal, tied w_q/w_k/w_v: a special case,
     which training can never leave."""
     b = _backend(backend)
-    config = CONFIG.replace(bias=False)  # seed 001's q/k/v Linears have no bias
+    config = CONFIG.replace(bias=False)  # the from-scratch tutorial's q/k/v Linears have no bias
     d_model, d_k, heads = config.d_model, config.d_k, config.num_heads
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 5, d_model))  # (B, T, d_model)
@@ -188,14 +193,14 @@ def one_linear_for_all_heads(backend: str) -> Demonstration:
     def ours(params, inputs):
         return [b.to_numpy(a) for a in ours_multi_head_attention(b, config, params, b.asarray(inputs))]
 
-    # Head 0 of the seed's layer reads features 0 .. d_k - 1 only: change every other feature.
+    # Head 0 of the tutorial's layer reads features 0 .. d_k - 1 only: change every other feature.
     x_moved = x.copy()
     x_moved[..., d_k:] += 1.0
     wrong_out, wrong_w = wrong(x)
     _, wrong_w_moved = wrong(x_moved)
     ours_out, ours_w = ours(full, x)
     _, ours_w_moved = ours(full, x_moved)
-    # The seed's layer, written as ours: w_q = diag(W, W, W) and so on.
+    # The tutorial's layer, written as ours: w_q = diag(W, W, W) and so on.
     block_diagonal = {f"{n}.weight": np.kron(np.eye(heads), shared[n]) for n in shared} | {"w_o.weight": w_o}
     as_ours_out, _ = ours(block_diagonal, x)
     schema = param_schema(config, "attention")
@@ -231,7 +236,7 @@ def one_linear_for_all_heads(backend: str) -> Demonstration:
 def wrong_layer_norm(x, gain, bias, eps):
     mean = x.mean(-1, keepdims=True)  # (..., 1)
     std = x.std(-1, keepdims=True)  # (..., 1): torch divides by d - 1 here (unbiased), NumPy and JAX by d
-    return gain * (x - mean) / (std + eps) + bias  # seed 001: eps added to the std, outside the square root
+    return gain * (x - mean) / (std + eps) + bias  # from-scratch: eps added to the std, outside the square root
 
 
 def ours_layer_norm(backend, config, x):
@@ -244,12 +249,12 @@ def ours_layer_norm(backend, config, x):
     "layer-norm-unbiased-std",
     "LayerNorm with the unbiased std, and eps added to the std",
     BACKENDS,
-    seeds=("001",),
+    tutorials=("from-scratch",),
 )
 def layer_norm_unbiased_std(backend: str) -> Demonstration:
     """LayerNorm is (x - mean) / sqrt(var + eps) with the *biased* variance (divide by d): what
-    torch, Flax and BERT compute. Seed 001 writes (x - mean) / (x.std() + eps). In torch,
-    x.std() is unbiased (divides by d - 1), so every output is sqrt((d-1)/d) too small; the
+    torch, Flax and BERT compute. The from-scratch tutorial writes (x - mean) / (x.std() + eps).
+    In torch, x.std() is unbiased (divides by d - 1), so every output is sqrt((d-1)/d) too small; the
     same line in NumPy or JAX is biased, so a translation silently changes meaning. And eps
     added to the std instead of the variance matters where a row barely varies (std near
     sqrt(eps), e.g. a padding position): there the output is several times too large."""
@@ -297,7 +302,7 @@ def layer_norm_unbiased_std(backend: str) -> Demonstration:
 
 def wrong_stack_of_one_layer(encoder, container):
     encoder_layer = encoder.layers[0]
-    # seed 001: nn.ModuleList([encoder_layer for _ in range(num_layers)]) -- N references to ONE layer
+    # from-scratch: nn.ModuleList([encoder_layer for _ in range(num_layers)]) -- N references to ONE layer
     encoder.layers = container([encoder_layer for _ in range(len(encoder.layers))])
     return encoder
 
@@ -337,12 +342,12 @@ def _distinct_parameters(module: Any, schema: dict[str, tuple[int, ...]]) -> int
     "shared-layer-stack",
     "The same layer object repeated N times in a stack",
     BACKENDS,
-    seeds=("001",),
+    tutorials=("from-scratch",),
 )
 def shared_layer_stack(backend: str) -> Demonstration:
-    """Seed 001 builds one EncoderLayer and passes it to Encoder(encoder_layer, num_layers),
-    which fills its list with that same object N times. Every "layer" is one layer: its
-    weights are shared, the model has 1/N of the parameters it prints, and a checkpoint
+    """The from-scratch tutorial builds one EncoderLayer and passes it to
+    Encoder(encoder_layer, num_layers), which fills its list with that same object N times.
+    Every "layer" is one layer: its weights are shared, the model has 1/N of the parameters it prints, and a checkpoint
     with N different layers cannot be loaded into it. Nothing raises: a Python list,
     nn.ModuleList and nnx.List all accept the same object twice (torch and Flax then count
     its parameters once). Each layer must be constructed anew."""
@@ -387,7 +392,7 @@ def shared_layer_stack(backend: str) -> Demonstration:
 def wrong_embeddings_with_default_dropout(embeddings, ids):
     from torch import nn
 
-    dropout = nn.Dropout()  # seeds 000 and 001: p defaults to 0.5; the paper's P_drop is 0.1
+    dropout = nn.Dropout()  # encoder-notebook, from-scratch: p defaults to 0.5; the paper's P_drop is 0.1
     return dropout(embeddings(ids))  # a new module is in training mode: zeroes half, multiplies the rest by 2
 
 
@@ -396,9 +401,14 @@ def ours_embeddings(embeddings, ids):
     return embeddings(ids)  # (B, T, d_model); the rate is the config's, stated (0.1 here, the paper's)
 
 
-@register("dropout-default-half", "nn.Dropout() left at its default p = 0.5", ("torch",), seeds=("000", "001"))
+@register(
+    "dropout-default-half",
+    "nn.Dropout() left at its default p = 0.5",
+    ("torch",),
+    tutorials=("encoder-notebook", "from-scratch"),
+)
 def dropout_default_half(backend: str) -> Demonstration:
-    """The seeds' Embeddings create nn.Dropout() with no argument: p = 0.5, five times the paper's
+    """Two tutorials' Embeddings create nn.Dropout() with no argument: p = 0.5, five times the paper's
     P_drop = 0.1. And a torch module starts in training mode, so unless model.eval() is called
     every forward pass, inference included, zeroes a random half of the features and doubles
     the rest: two calls on the same sentence give different embeddings. Only torch has this
@@ -466,19 +476,20 @@ def ours_attention_with_mask(impl, q, k, v, may_attend):
     "neg-inf-mask-nan",
     "-inf masks turn fully padded rows into NaN",
     BACKENDS,
-    seeds=("000", "001", "004"),
+    tutorials=("encoder-notebook", "from-scratch", "llm-notes"),
 )
 def neg_inf_mask_nan(backend: str) -> Demonstration:
     """Masking with -inf gives masked keys a weight of exactly 0, until a row has no allowed key
     at all: softmax then computes exp(-inf - (-inf)) = NaN, in NumPy, JAX and torch alike. The
-    seeds build their mask as query_mask x key_mask, so every padded *query* is such a row. The
-    NaN does not stay there: the next layer gives that padded position weight 0, but 0 * NaN is
-    NaN, so every token of the sentence becomes NaN. Ours uses -inf too, but defines a row with
-    no allowed key as weights 0 and output 0 (and our padding masks hide only keys)."""
+    encoder notebook and the from-scratch tutorial build their mask as query_mask x key_mask, so
+    every padded *query* is such a row. The NaN does not stay there: the next layer gives that
+    padded position weight 0, but 0 * NaN is NaN, so every token of the sentence becomes NaN.
+    Ours uses -inf too, but defines a row with no allowed key as weights 0 and output 0 (and our
+    padding masks hide only keys)."""
     b, ops = _backend(backend), _ops(backend)
     rng = np.random.default_rng(8)
     ids = np.array([[5, 3, 8, 2, 9], [4, 7, 6, 0, 0]])  # (B, T); sentence 1 padded with id 0
-    real = (ids != 0).astype(np.float64)  # (B, T): the seeds' float masks, 1 = real token
+    real = (ids != 0).astype(np.float64)  # (B, T): the tutorials' float masks, 1 = real token
     q, k, v = (rng.standard_normal((2, 5, 12)) for _ in range(3))  # (B, T, d_k)
     may_attend = (real[:, :, None] * real[:, None, :] != 0)[:, None]  # (B, 1, T_q, T_k): the same mask, bool
     with np.errstate(invalid="ignore"):  # NumPy warns about the NaN it is about to produce
@@ -546,7 +557,7 @@ def wrong_sinusoidal_table_jax(max_len, d_model):
 def wrong_sinusoidal_table_torch(max_len, d_model):
     import torch
 
-    pe = torch.zeros(max_len, d_model)  # seed 001's PositionalEncoding.__init__, line for line
+    pe = torch.zeros(max_len, d_model)  # from-scratch's PositionalEncoding.__init__, line for line
     position = torch.arange(0, max_len, dtype=torch.float).unsqueeze(1)  # (max_len, 1)
     div_term = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
     pe[:, 0::2] = torch.sin(position * div_term)  # ceil(d_model / 2) columns: fits
@@ -569,7 +580,7 @@ def ours_sinusoidal_table(impl, max_len, d_model):
     "sinusoidal-odd-d-model",
     "The sinusoidal encoding fails for an odd d_model",
     BACKENDS,
-    seeds=("001",),
+    tutorials=("from-scratch",),
 )
 def sinusoidal_odd_d_model(backend: str) -> Demonstration:
     """The classic table writes sin into the even columns and cos into the odd ones, both from
@@ -609,19 +620,19 @@ def sinusoidal_odd_d_model(backend: str) -> Demonstration:
 
 
 def wrong_decoder_self_attention_mask(ops, tgt_ids, pad_id):
-    tgt_pad = (tgt_ids == pad_id)[:, None, :, None]  # (B, 1, T, 1): seed 004 puts the padding on the *query* axis
+    tgt_pad = (tgt_ids == pad_id)[:, None, :, None]  # (B, 1, T, 1): llm-notes puts the padding on the *query* axis
     positions = ops.arange(tgt_ids.shape[1])  # (T,)
     causal = (positions[None, :] > positions[:, None])[None, None]  # (1, 1, T, T): torch.triu(ones, diagonal=1)
     return tgt_pad | causal  # (B, 1, T, T), True = blocked: a padded query has every key blocked
 
 
 def wrong_cross_attention_mask(src_ids, pad_id):
-    return (src_ids == pad_id)[:, None, :]  # (B, 1, T_src), seed 001's src_mask shape; the scores are 4-D
+    return (src_ids == pad_id)[:, None, :]  # (B, 1, T_src), from-scratch's src_mask shape; the scores are 4-D
 
 
 def wrong_attention_finite_fill(ops, q, k, v, blocked):
     scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T_q, T_k)
-    scores = ops.where(blocked, -1e9, scores)  # seed 004: masked_fill(mask, -1e9); broadcasts whatever fits
+    scores = ops.where(blocked, -1e9, scores)  # llm-notes: masked_fill(mask, -1e9); broadcasts whatever fits
     weights = ops.softmax(scores)  # a fully blocked row is all -1e9: uniform weights 1 / T_k
     return weights @ v, weights  # (B, H, T_q, d_k)
 
@@ -636,17 +647,18 @@ def ours_decoder_masks(impl, tgt_ids, src_ids, pad_id):
     "decoder-mask-shapes",
     "Decoder masks: self-attention vs cross-attention shapes",
     BACKENDS,
-    seeds=("004", "001"),
+    tutorials=("llm-notes", "from-scratch"),
 )
 def decoder_mask_shapes(backend: str) -> Demonstration:
-    """Seed 004 ORs a (B, 1, T, 1) target-padding mask into the causal mask: the padding lands on
+    """The LLM notes OR a (B, 1, T, 1) target-padding mask into the causal mask: the padding lands on
     the query axis, so each padded query has every key blocked, and with its -1e9 fill such a row
-    attends uniformly to all positions, future ones included (with -inf it would be NaN). Seed
-    001's author gave up on the decoder's masks: its demo passes a 3-D (B, 1, T_src) source mask
-    against 4-D (B, H, T_tgt, T_src) scores, which broadcasts the batch axis onto the heads axis:
-    it raises when B != num_heads, and when B == num_heads (8 and 8 in the seed) head h silently
-    uses sentence h's padding. Ours: (B, 1, T, T) = causal AND key-not-padding for self-attention,
-    (B, 1, 1, T_src) for cross-attention, and any mask that is not 4-D is refused."""
+    attends uniformly to all positions, future ones included (with -inf it would be NaN). The
+    from-scratch tutorial's author gave up on the decoder's masks: its demo passes a 3-D
+    (B, 1, T_src) source mask against 4-D (B, H, T_tgt, T_src) scores, which broadcasts the batch
+    axis onto the heads axis: it raises when B != num_heads, and when B == num_heads (8 and 8 in
+    its demo) head h silently uses sentence h's padding. Ours: (B, 1, T, T) = causal AND
+    key-not-padding for self-attention, (B, 1, 1, T_src) for cross-attention, and any mask that is
+    not 4-D is refused."""
     b, ops = _backend(backend), _ops(backend)
     rng = np.random.default_rng(9)
     heads, d_k, pad = CONFIG.num_heads, 4, CONFIG.pad_id
@@ -675,7 +687,7 @@ def decoder_mask_shapes(backend: str) -> Demonstration:
     _, ours_x_w = ours_attention(b.impl, *map(b.asarray, (q_x, k_x, v_x, ours_cross)))
     wrong_x_w, ours_x_w = b.to_numpy(wrong_x_w), b.to_numpy(ours_x_w)  # (B, H, T_tgt, T_src)
     src_pad = (src_ids == pad)[:, None, None, :]  # (B, 1, 1, T_src): each sentence's own padding
-    keep_3d = b.asarray(src_ids != pad)[:, None, :]  # the seed's 3-D shape, with our polarity
+    keep_3d = b.asarray(src_ids != pad)[:, None, :]  # the tutorial's 3-D shape, with our polarity
     ours_error_type, ours_error = _error(lambda: ours_attention(b.impl, *map(b.asarray, (q_x, k_x, v_x)), keep_3d))
 
     numbers = {

@@ -52,7 +52,7 @@ class Pitfall:
     name: str  # a slug: the CLI argument and the page anchor
     title: str
     explanation: str  # why it is wrong, where it comes from
-    seeds: tuple[str, ...]  # the seed tutorials (``/work/shared/seeds/NNN_*``) that make this mistake
+    tutorials: tuple[str, ...]  # the tutorials that make this mistake (``docs.tutorials`` slugs)
     backends: tuple[str, ...]  # where the mistake can happen at all
     function: Callable[[str], Demonstration]
 
@@ -67,7 +67,7 @@ class Pitfall:
 REGISTRY: dict[str, Pitfall] = {}
 
 
-def register(name: str, title: str, backends: Iterable[str], seeds: Iterable[str] = ()):
+def register(name: str, title: str, backends: Iterable[str], tutorials: Iterable[str] = ()):
     """Decorator: register ``run(backend) -> Demonstration``; its docstring is the explanation."""
 
     def decorate(function: Callable[[str], Demonstration]) -> Callable[[str], Demonstration]:
@@ -80,7 +80,7 @@ def register(name: str, title: str, backends: Iterable[str], seeds: Iterable[str
             name=name,
             title=title,
             explanation=" ".join((function.__doc__ or "").split()),  # one paragraph: the page wraps it
-            seeds=tuple(seeds),
+            tutorials=tuple(tutorials),
             backends=tuple(b for b in BACKENDS if b in set(backends)),
             function=function,
         )
@@ -104,7 +104,7 @@ def run_all(backends: Iterable[str] | None = None, names: Iterable[str] | None =
     """Every pitfall (or those ``names``), run in each of ``backends`` (default: all three) where it
     can happen, as plain data for the docs page:
 
-    ``[{"name", "title", "explanation", "seeds", "backends", "results": [Demonstration.to_dict()],
+    ``[{"name", "title", "explanation", "tutorials", "backends", "results": [Demonstration.to_dict()],
     "skipped": [{"backend", "reason"}]}]``. A backend whose framework is not installed is
     listed under ``skipped`` with the reason, not raised.
     """
@@ -126,7 +126,7 @@ def run_all(backends: Iterable[str] | None = None, names: Iterable[str] | None =
                 "name": pitfall.name,
                 "title": pitfall.title,
                 "explanation": pitfall.explanation,
-                "seeds": list(pitfall.seeds),
+                "tutorials": list(pitfall.tutorials),
                 "backends": list(pitfall.backends),
                 "results": results,
                 "skipped": skipped,
@@ -140,10 +140,10 @@ def render_html(pages: list[dict[str, Any]]) -> str:
     esc = html.escape
     parts = []
     for page in pages:
-        seeds = f" (seed {', '.join(page['seeds'])})" if page["seeds"] else ""
+        tutorials = f" (tutorials: {', '.join(page['tutorials'])})" if page["tutorials"] else ""
         parts.append(f'<section class="pitfall" id="{esc(page["name"])}">')
         parts.append(f"<h2>{esc(page['title'])}</h2>")
-        parts.append(f"<p>{esc(page['explanation'])}{esc(seeds)}</p>")
+        parts.append(f"<p>{esc(page['explanation'])}{esc(tutorials)}</p>")
         parts.append(f"<p>Can happen in: {esc(', '.join(page['backends']))}</p>")
         for result in page["results"]:
             parts.append(f'<h3>{esc(result["backend"])}</h3><div class="side-by-side">')

@@ -115,7 +115,7 @@ def test_multi_head_attention_matches_reference(backend, reference, dtype, confi
     ],
 )
 def test_a_loop_of_separate_heads_equals_the_fused_layer(backend, dtype, config):
-    """The seeds' list of AttentionHead modules, given slices of the fused weights, is the same function."""
+    """The tutorials' list of AttentionHead modules, given slices of the fused weights, is the same function."""
     params = init_params(config, seed=5, dtype=dtype, component="attention", nonzero_biases=True)
     fused = backend.build("MultiHeadAttention", config, params)
     looped = backend.build("MultiHeadAttentionLoop", config, attention_to_heads(params, config))

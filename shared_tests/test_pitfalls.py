@@ -154,7 +154,7 @@ def test_classic_sinusoidal_code_fails_for_odd_d_model_and_ours_does_not(request
 
 
 @over("decoder-mask-shapes")
-def test_seed_decoder_masks_block_padded_queries_and_mix_batch_with_heads(request, framework):
+def test_tutorial_decoder_masks_block_padded_queries_and_mix_batch_with_heads(request, framework):
     n = demonstrate(request, "decoder-mask-shapes", framework).numbers
     assert n["wrong_self_mask_shape"] == n["ours_self_mask_shape"] == (3, 1, 5, 5)
     assert n["wrong_fully_blocked_rows"] == 2 and n["ours_fully_blocked_rows"] == 0

@@ -29,6 +29,6 @@ def make_cross_attention_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tenso
     """Decoder queries over encoder keys: hide the *source* padding -> (B, 1, 1, T_src).
 
     It broadcasts over the T_tgt query rows; its last axis is the source length, not
-    the target length (the mismatch the seeds' decoder tripped on).
+    the target length (the mismatch the from-scratch tutorial's decoder stopped on).
     """
     return make_padding_mask(src_ids, pad_id)  # (B, 1, 1, T_src)

@@ -4,8 +4,8 @@ the backends a command runs in.
 
 Sentences are tokenized with the vocabulary the model's kind was trained with in this
 project: BERT's WordPiece for encoder-only models (bert-base-uncased's 30522 ids, as in
-all-MiniLM-L6-v2), the seeds' toy translation corpus for encoder-decoder models, and the
-seeds' next-word corpus for decoder-only ones (``transformer-ref train --save`` writes
+all-MiniLM-L6-v2), the tutorials' toy translation corpus for encoder-decoder models, and
+the tutorials' next-word corpus for decoder-only ones (``transformer-ref train --save`` writes
 checkpoints with exactly those vocabularies).
 """
 
@@ -43,7 +43,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_preset: str = "
     parser.add_argument("--weights", help="a safetensors checkpoint (transformer-ref train --save); overrides --preset")
     parser.add_argument(
         "--text",
-        help="a sentence instead of random ids: BERT WordPiece for encoder-only models, the seeds' toy corpora's "
+        help="a sentence instead of random ids: BERT WordPiece for encoder-only models, the tutorials' toy corpora's "
         "words for the others (unknown words become <unk>)",
     )
     parser.add_argument(

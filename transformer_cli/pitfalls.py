@@ -1,6 +1,6 @@
 """``transformer-ref pitfalls``: the classic Transformer mistakes, run next to this project's code.
 
-Each pitfall runs the wrong code (as the seed tutorials write it) and ours on the same
+Each pitfall runs the wrong code (as the tutorials write it) and ours on the same
 small, seeded input, in every selected backend where the mistake can happen, and prints
 the two results side by side. A backend whose framework is not installed is skipped,
 with the reason. The same demonstrations are held to their claims by
@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     backends = args.backend or list(BACKENDS)
     for page in pitfalls.run_all(backends, names):
-        seeds = f"seed {', '.join(page['seeds'])}; " if page["seeds"] else ""
-        print(f"\n== {page['name']}: {page['title']} ({seeds}can happen in {', '.join(page['backends'])})")
+        tutorials = f"tutorials: {', '.join(page['tutorials'])}; " if page["tutorials"] else ""
+        print(f"\n== {page['name']}: {page['title']} ({tutorials}can happen in {', '.join(page['backends'])})")
         if args.explain:
             print(textwrap.indent(textwrap.fill(page["explanation"], 96), "   "))
         for result in page["results"]:

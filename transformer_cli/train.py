@@ -3,8 +3,8 @@
 Tasks (all shipped in the repository, nothing downloaded):
   copy       random 5-symbol sequences -> the same sequence (the classic sanity check)
   reverse    random 5-symbol sequences -> the sequence reversed
-  translate  the seeds' toy English -> "French" corpus (6 sentence pairs)
-  next-word  the seeds' next-word corpus, a decoder-only language model
+  translate  the tutorials' toy English -> "French" corpus (6 sentence pairs)
+  next-word  the tutorials' next-word corpus, a decoder-only language model
 
 Shows a progress bar (step, loss, target tokens per second), then greedy outputs of the
 trained model: held-out sequences for copy/reverse, the corpus for translate, sentence

@@ -22,11 +22,11 @@ class Config:
     kind:
         "encoder_decoder" -- the paper's translation model (``Transformer``);
         "encoder_only"    -- a BERT-style encoder (``TransformerEncoderModel``);
-        "decoder_only"    -- a causal language model (``TransformerLM``), the seeds'
+        "decoder_only"    -- a causal language model (``TransformerLM``), the tutorials'
                              next-word model: decoder layers without cross-attention.
     norm_first:
         False is the paper's post-norm ``LayerNorm(x + sublayer(x))``; True is the
-        pre-norm ``x + sublayer(LayerNorm(x))`` that the seeds (and GPT-2) use.
+        pre-norm ``x + sublayer(LayerNorm(x))`` that the tutorials (and GPT-2) use.
     encoder_final_norm / decoder_final_norm:
         a LayerNorm after the last layer. ``None`` means "= norm_first": pre-norm
         stacks need one (their residual stream is never normalised otherwise), the

@@ -10,7 +10,7 @@ from .config import Config
 
 
 def attention_to_heads(params: Mapping[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
-    """Fused multi-head attention weights -> the seeds' list of ``AttentionHead``s.
+    """Fused multi-head attention weights -> the tutorials' list of ``AttentionHead``s.
 
     Head h of the fused layer owns columns [h*d_k, (h+1)*d_k) of w_q, w_k and w_v:
     that is exactly what ``split_heads`` (reshape to (B, T, H, d_k)) assumes.

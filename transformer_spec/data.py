@@ -1,4 +1,4 @@
-"""Toy data shipped in the repository (nothing is downloaded): the seeds' corpora and
+"""Toy data shipped in the repository (nothing is downloaded): the tutorials' corpora and
 the copy/reverse task, as padded id arrays in the batch format of ``batches.py``.
 
 Id 0 is padding everywhere (``Config.pad_id``'s default); then <bos>, <eos>, <unk>.
@@ -12,7 +12,7 @@ import numpy as np
 
 from .batches import decoder_only_batch, encoder_decoder_batch
 
-# The seeds' parallel corpus, English -> a pretend "French" (seed 004).
+# The parallel corpus of the LLM notes tutorial, English -> a pretend "French" (docs: tutorials.html).
 TOY_TRANSLATION: tuple[tuple[str, str], ...] = (
     ("i eat fish", "je mange poisson"),
     ("i like fish", "je aime poisson"),
@@ -22,7 +22,7 @@ TOY_TRANSLATION: tuple[tuple[str, str], ...] = (
     ("he hates meat", "il deteste viande"),
 )
 
-# The seeds' next-word corpus (seed 004).
+# The next-word corpus of the LLM notes tutorial.
 NEXT_WORD: tuple[str, ...] = (
     "the cat likes fish",
     "the dog hates fish",

@@ -46,7 +46,7 @@ def attention_schema(config: Config, prefix: str = "") -> Schema:
 
 
 def attention_heads_schema(config: Config, prefix: str = "") -> Schema:
-    """The seeds' layout: one ``AttentionHead`` per head, each with its own
+    """The tutorials' layout: one ``AttentionHead`` per head, each with its own
     Linear(d_model, d_k) for q, k and v, then one output projection."""
     schema: Schema = {}
     for h in range(config.num_heads):
