@@ -375,6 +375,7 @@ PAGES: tuple[Page, ...] = (
         code=(
             "params.py: from_params, to_params, build_model, load_model, _to_torch_layout, _to_flax_name, _check_x64",
             "transformer_spec/schema.py: parent_of",
+            "transformer_spec/io.py: check_weights_to_load",
         ),
         notes={
             "_to_torch_layout": "Not needed: the arrays are used in the paper's [in, out] layout as they are.",

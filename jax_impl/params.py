@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from transformer_spec import Config, load_params, param_schema, parent_of
-from transformer_spec.checks import check_dtype_request, check_params, check_params_dtype
+from transformer_spec.io import check_weights_to_load
 
 from .model import MODEL_CLASSES
 
@@ -39,11 +39,7 @@ def _check_x64(dtype: str) -> None:
 
 def from_params(module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:
     """Build ``module_class(config)`` and load the canonical ``params`` into it."""
-    schema = param_schema(config, module_class.schema)
-    check_params({k: tuple(np.shape(v)) for k, v in params.items()}, schema, what=f"{module_class.__name__}'s config")
-    found = check_params_dtype({k: str(np.asarray(v).dtype) for k, v in params.items()})
-    dtype = dtype or found
-    check_dtype_request(dtype)
+    schema, dtype = check_weights_to_load(module_class, config, params, dtype)
     _check_x64(dtype)
     module = module_class(config, dtype)
     for name in schema:

@@ -1,18 +1,20 @@
-"""Save and load canonical weights as safetensors, with the Config in the metadata."""
+"""Save and load canonical weights as safetensors, with the Config in the metadata; check a
+weight dict before a backend loads it into a module."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from .checks import WeightsFileError, check_params
+from .checks import WeightsFileError, check_dtype_request, check_params, check_params_dtype
 from .config import Config
-from .schema import param_schema
+from .schema import Schema, param_schema
 
 FORMAT = "transformer_spec/1"
 
@@ -48,3 +50,18 @@ def load_params(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], Config]
     params = load_file(path)
     check_params({k: v.shape for k, v in params.items()}, param_schema(config), what=f"the config stored in {path!r}")
     return params, config
+
+
+def check_weights_to_load(
+    module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None
+) -> tuple[Schema, str]:
+    """Before a backend's ``from_params(module_class, config, params, dtype)`` loads ``params``:
+    every key fits the schema of ``module_class.schema`` (``WeightsError`` names each one that
+    does not), the weights share one float dtype, and ``dtype`` (None: theirs) is float32 or
+    float64. -> (that schema, the dtype to load the weights in)."""
+    schema = param_schema(config, module_class.schema)
+    check_params({k: tuple(np.shape(v)) for k, v in params.items()}, schema, what=f"{module_class.__name__}'s config")
+    found = check_params_dtype({k: str(np.asarray(v).dtype) for k, v in params.items()})
+    dtype = dtype or found
+    check_dtype_request(dtype)
+    return schema, dtype
