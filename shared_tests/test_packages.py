@@ -76,6 +76,12 @@ def test_the_packages_this_test_speaks_of_exist():
     assert expected | {package(b) for b in BACKENDS} <= set(PACKAGES)
 
 
+def test_every_backend_name_has_one_adapter_in_the_same_order():
+    from backend_adapters import ADAPTERS
+
+    assert tuple(ADAPTERS) == BACKENDS
+
+
 def test_no_import_cycle_between_top_level_packages():
     cycle = find_cycle(package_graph())
     assert cycle is None, "import cycle between packages: " + " -> ".join(cycle)
