@@ -39,7 +39,7 @@ AUTOGRAD = "No counterpart: {framework} derives the backward pass from the forwa
 
 def is_backward(name: str) -> bool:
     """A hand-written backward pass (or its helper): NumPy's alone, the others have autograd."""
-    return name.endswith("_backward") or name == "without_extra"
+    return name.endswith("_backward")
 
 
 def declared_absent(page: Page, name: str, backend: str) -> bool:
@@ -118,18 +118,13 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "attention.py: masked_softmax, masked_softmax_backward, scaled_dot_product_attention, "
-            "scaled_dot_product_attention_for_backward, scaled_dot_product_attention_backward, _fused_attention",
+            "scaled_dot_product_attention_backward",
         ),
         tests=(
             "*test_components.py::test_scaled_dot_product_attention_matches_reference*",
             "*test_gradients.py::test_masked_softmax_backward*",
             "*test_gradients.py::test_scaled_dot_product_attention_backward*",
-            "*test_fast_paths.py::test_fused_attention*",
         ),
-        notes={
-            "_fused_attention": "No fused fast path here: the attention above is the only one "
-            "(torch's uses `F.scaled_dot_product_attention` when no weights are asked for).",
-        },
     ),
     Page(
         slug="multi_head_attention",
@@ -177,10 +172,9 @@ PAGES: tuple[Page, ...] = (
             "enough to fail a 1e-5 parity test, so every backend names both explicitly.",
         ),
         code=(
-            "feed_forward.py: relu, relu_backward, _erf, gelu, gelu_backward, gelu_tanh, gelu_tanh_backward, "
+            "feed_forward.py: relu, relu_backward, gelu, gelu_backward, gelu_tanh, gelu_tanh_backward, "
             "PositionwiseFeedForward",
         ),
-        notes={"_erf": "Not needed: the framework's own vectorised erf."},
         tests=(
             "*test_components.py::test_activations_match_reference*",
             "*test_components.py::test_feed_forward_matches_reference*",
@@ -227,8 +221,7 @@ PAGES: tuple[Page, ...] = (
             "layers', which use it in both norm placements.",
         ),
         code=(
-            "sublayer.py: sublayer_connection, sublayer_connection_for_backward, sublayer_connection_backward, "
-            "without_extra",
+            "sublayer.py: sublayer_connection, sublayer_connection_backward",
         ),
         tests=(
             "*test_components.py::test_encoder_layer_matches_reference*",
@@ -253,13 +246,17 @@ PAGES: tuple[Page, ...] = (
             "would drop (so the model switches to `nnx.jit` while dropout is active); torch draws every mask "
             "from its global generator. The masks differ between backends; their statistics do not.",
         ),
-        code=("layers.py: Dropout, Module, seed_dropout, named_submodules, dropout_active",),
+        code=("layers.py: Dropout, Module, enable_grad, is_grad_enabled, seed_dropout, named_submodules, dropout_active",),
         tests=("*test_dropout.py::*",),
         notes={
             "Module": "Not needed: `nn.Module` and `nnx.Module` bring `train()` and `eval()`.",
             "named_submodules": "Not needed: the framework walks its own module tree "
             "(`nn.Module.named_modules`, `nnx.iter_graph`).",
             "dropout_active": "Not needed: only JAX chooses between two ways of compiling the forward pass.",
+            "enable_grad": "Not needed: torch's autograd records the graph whenever gradients are enabled "
+            "(`torch.enable_grad`, on by default); NumPy's forward keeps what its backward needs only inside "
+            "`enable_grad()`, so inference keeps nothing.",
+            "is_grad_enabled": "Not needed: `torch.is_grad_enabled()`; JAX traces `jax.grad` instead.",
         },
     ),
     Page(
@@ -346,17 +343,18 @@ PAGES: tuple[Page, ...] = (
             "decoder without cross-attention; `TransformerEncoderModel` is BERT, with its `Pooler`.",
             "Masks left as None are built from the ids and `config.pad_id`. Every model returns a `ModelOutput` "
             "with the logits or last hidden state and, on request, every hidden state and attention map. JAX "
-            "compiles the whole forward pass with `jax.jit` (`_jit_forward`); the module is a pytree whose "
-            "arrays are traced and whose config is static.",
+            "compiles from outside the model, as Flax's own examples do: `compiled(model)` checks the inputs "
+            "eagerly, then runs the whole forward pass as one `jax.jit` program (`_run`); the module is a pytree "
+            "whose arrays are traced and whose config is static. In NumPy and torch `compiled(model)` is the model "
+            "itself, so one caller serves every backend. Every model checks its inputs once, at its entry "
+            "(`check_inputs`); the submodules it calls trust them.",
         ),
         code=(
-            "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel, _call_method, "
-            "_jit_forward",
+            "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel, _run, compiled",
         ),
         tests=("*test_models.py::*",),
         notes={
-            "_call_method": "Not needed: runs eagerly, op by op.",
-            "_jit_forward": "Not needed: runs eagerly, op by op.",
+            "_run": "Not needed: runs eagerly, op by op.",
         },
     ),
     Page(
@@ -402,7 +400,7 @@ PAGES: tuple[Page, ...] = (
             "code spreads eps over V - 2 classes instead). Padding targets do not count, and a batch with no "
             "real target has loss 0, not 0 / 0. Its gradient with respect to the logits is (p - q) / count.",
         ),
-        code=("loss.py: cross_entropy, cross_entropy_for_backward, cross_entropy_backward",),
+        code=("loss.py: cross_entropy, cross_entropy_backward",),
         tests=("*test_gradients.py::test_cross_entropy*",),
     ),
     Page(

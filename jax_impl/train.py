@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer_spec.batches import split_batch
+from transformer_spec.checks import inputs_checked
 from transformer_spec.train import train_loop
 
 from .layers import seed_dropout
@@ -22,7 +23,8 @@ from .validate import check_token_ids
 @nnx.jit(static_argnames=("label_smoothing",))
 def _update(model, optimizer: nnx.Optimizer, inputs: tuple, targets: jax.Array, label_smoothing: float) -> jax.Array:
     def loss_fn(model):
-        logits = model.forward(*inputs).logits  # (B, T, V), traced inside this jit
+        with inputs_checked():  # train_step checked them eagerly, before this jit
+            logits = model(*inputs).logits  # (B, T, V), traced inside this jit
         return cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()
 
     loss, grads = nnx.value_and_grad(loss_fn)(model)  # grads: an nnx.State shaped like the Params
@@ -34,11 +36,8 @@ def train_step(model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing
     """One update on ``batch`` (see transformer_spec.batches); returns the loss before it."""
     inputs, targets = split_batch(model.config, batch)
     inputs, targets = tuple(jnp.asarray(x) for x in inputs), jnp.asarray(targets)
-    # Inside jit the ids' values are unknown, so they are checked here, eagerly, as __call__ does.
-    vocabularies = [model.config.tgt_vocab_size] if len(inputs) == 1 else [model.config.src_vocab_size]
-    vocabularies += [model.config.tgt_vocab_size] * (len(inputs) - 1)
-    for i, (ids, vocab) in enumerate(zip(inputs, vocabularies, strict=True)):
-        check_token_ids(f"input {i}", ids, vocab, model.config.max_len)
+    # Inside jit the ids' values are unknown, so they are checked here, eagerly, as compiled() does.
+    model.check_inputs(*inputs)
     check_token_ids("targets", targets, model.config.tgt_vocab_size, None)
     optimizer.set_learning_rate()
     if model is optimizer.model:  # the usual case: the cached step (see _cached_update)

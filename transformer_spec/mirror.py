@@ -39,9 +39,10 @@ import tokenize
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .backends import BACKENDS, package
 from .differences import NUMPY_BACKWARD, PER_BACKEND_FILES, REASONS
 
-PACKAGES = {"numpy": "numpy_impl", "jax": "jax_impl", "torch": "torch_impl"}
+PACKAGES = {backend: package(backend) for backend in BACKENDS}
 # pair name -> (the other backend, torch): torch is the text the others are read against
 PAIRS = {"jax-torch": ("jax", "torch"), "numpy-torch": ("numpy", "torch")}
 MARKER = re.compile(r"\bdiffers:\s*([A-Za-z0-9_-]+)")
