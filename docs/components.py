@@ -465,6 +465,45 @@ PAGES: tuple[Page, ...] = (
         notes={"_to_device": "Not needed: the ids are already host arrays of the right kind."},
     ),
     Page(
+        slug="kernels",
+        title="Speed, in one place: fused kernels",
+        summary="kernels.py per backend: one switch, one marked line in the teaching code, each kernel held equal.",
+        equations=(),
+        text=(
+            "The component pages show the math as the paper writes it, in every backend. Where a framework has "
+            "a faster equivalent, the teaching function or forward carries one marked line, "
+            "`@fusable(\"gelu\")`, the same in all three backends; while fused kernels are enabled (the "
+            "default; `use_fused_kernels(False)` or `with fused_kernels(False):` switches them off, "
+            "`transformer-ref compare --kernels reference` too) and no trace is recording, the call goes to the "
+            "kernel registered in that backend's `kernels.py`. A kernel returns `NotImplemented` where it does "
+            "not apply (attention weights asked for, dropout active, gradients being kept), and the written-out "
+            "code runs.",
+            "torch registers `F.layer_norm`, `F.gelu`, `F.scaled_dot_product_attention` with q, k and v "
+            "projected by one packed GEMM, and the native encoder-layer op `nn.TransformerEncoderLayer` uses in "
+            "inference. NumPy registers a GELU whose erf is a float32 rational approximation computed block by "
+            "block, and an inference attention one batch entry at a time with the softmax in place, so that the "
+            "(B, H, T, T) scores never exist at once. JAX registers none: XLA fuses the written-out math, and "
+            "`jax.nn.dot_product_attention` computes its softmax in float32, which would break float64 parity.",
+            "Tracing records the written-out path (a fused kernel has no intermediates); `transformer-ref trace` "
+            "says so. `shared_tests/test_fast_paths.py` holds every kernel equal to the code it replaces.",
+        ),
+        code=(
+            "kernels.py: fusable, use_fused_kernels, fused_kernels_enabled, fused_kernels, layer_norm, gelu, "
+            "_packed, attention_context, multi_head_attention, _native_mask, encoder_layer",
+        ),
+        tests=("*test_fast_paths.py::*",),
+        notes={
+            "layer_norm": "No kernel: the written-out LayerNorm is the one that runs.",
+            "gelu": "No kernel: XLA fuses the written-out GELU itself.",
+            "_packed": "No kernel needs it here.",
+            "attention_context": "No fused attention kernel here.",
+            "multi_head_attention": "No kernel: `jax.nn.dot_product_attention` computes its softmax in "
+            "float32 even for float64 inputs, and gives the mean of v where we define 0.",
+            "_native_mask": "No native encoder-layer op here.",
+            "encoder_layer": "No native encoder-layer op here: the written-out layer runs.",
+        },
+    ),
+    Page(
         slug="tracing",
         title="Tracing named intermediates",
         summary="trace_model: every intermediate of one forward pass, by the same names in every backend.",
