@@ -474,7 +474,7 @@ PAGES: tuple[Page, ...] = (
             "a faster equivalent, the teaching function or forward carries one marked line, "
             "`@fusable(\"gelu\")`, the same in all three backends; while fused kernels are enabled (the "
             "default; `use_fused_kernels(False)` or `with fused_kernels(False):` switches them off, "
-            "`transformer-ref compare --kernels reference` too) and no trace is recording, the call goes to the "
+            "`transformer-ref compare --kernels written-out` too) and no trace is recording, the call goes to the "
             "kernel registered in that backend's `kernels.py`. A kernel returns `NotImplemented` where it does "
             "not apply (attention weights asked for, dropout active, gradients being kept), and the written-out "
             "code runs.",
