@@ -30,7 +30,8 @@ class Page:
 
 # Backend-only helpers that belong to no page (each is one line of framework glue).
 NOT_SHOWN = {
-    "layers.py": {"with_prefix", "_torch_dtype"},
+    "layers.py": {"_torch_dtype"},
+    "module.py": {"with_prefix"},
     "validate.py": {"_dtype"},
 }
 
@@ -246,7 +247,10 @@ PAGES: tuple[Page, ...] = (
             "would drop (so the model switches to `nnx.jit` while dropout is active); torch draws every mask "
             "from its global generator. The masks differ between backends; their statistics do not.",
         ),
-        code=("layers.py: Dropout, Module, enable_grad, is_grad_enabled, seed_dropout, named_submodules, dropout_active",),
+        code=(
+            "layers.py: Dropout, seed_dropout, dropout_active",
+            "module.py: Module, enable_grad, is_grad_enabled, named_submodules",
+        ),
         tests=("*test_dropout.py::*",),
         notes={
             "Module": "Not needed: `nn.Module` and `nnx.Module` bring `train()` and `eval()`.",
@@ -489,12 +493,13 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "kernels.py: fusable, use_fused_kernels, fused_kernels_enabled, fused_kernels, layer_norm, gelu, "
-            "_packed, attention_context, multi_head_attention, _native_mask, encoder_layer",
+            "feed_forward, _packed, attention_context, multi_head_attention, _native_mask, encoder_layer",
         ),
         tests=("*test_fast_paths.py::*",),
         notes={
             "layer_norm": "No kernel: the written-out LayerNorm is the one that runs.",
             "gelu": "No kernel: XLA fuses the written-out GELU itself.",
+            "feed_forward": "No kernel: the written-out feed-forward network runs.",
             "_packed": "No kernel needs it here.",
             "attention_context": "No fused attention kernel here.",
             "multi_head_attention": "No kernel: `jax.nn.dot_product_attention` computes its softmax in "

@@ -122,7 +122,8 @@ def code_rows(root: pathlib.Path, page: Page) -> str:
                 if snippet is None:
                     note = _missing_note(page, name, framework)
                     body = f'<p class="note">No <code>{name}</code> in {package}. {note}</p>'
-                    cells.append(f'<div class="cell col-{backend} missing">{_where(path, None)}{body}</div>')
+                    where = _where(path, None) if (root / path).is_file() else '<div class="where">-</div>'
+                    cells.append(f'<div class="cell col-{backend} missing">{where}{body}</div>')
                 else:
                     code = highlight_python(snippet.text, snippet.start)
                     cells.append(f'<div class="cell col-{backend}">{_where(path, snippet)}{code}</div>')

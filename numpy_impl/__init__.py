@@ -1,8 +1,9 @@
 """The Transformer in pure NumPy (float32 or float64): the reference the other backends are held to.
 
-NumPy has no autograd: every module also has a hand-written backward pass next to its
-forward (``forward_for_backward`` / ``backward``, see ``layers.py``), and ``loss_and_grads``
-chains them; torch_impl and jax_impl get the same gradients from their autograd.
+NumPy has no autograd: every module also has a hand-written backward pass right after its
+forward (``backward``, reading what the forward kept by name inside ``enable_grad()``; see
+``layers.py``), and ``loss_and_grads`` chains them; torch_impl and jax_impl get the same
+gradients from their autograd.
 """
 
 from transformer_spec import ModelOutput
@@ -19,11 +20,12 @@ from .embeddings import Embeddings, TokenEmbedding
 from .encoder import Encoder, EncoderLayer
 from .feed_forward import ACTIVATIONS, PositionwiseFeedForward, gelu, gelu_tanh, relu
 from .generate import beam, greedy, make_stepper
+from .kernels import KERNELS, fused_kernels, fused_kernels_enabled, use_fused_kernels
 from .layer_norm import LayerNorm
 from .layers import Dropout, Linear, seed_dropout
 from .loss import cross_entropy
 from .masks import make_causal_mask, make_cross_attention_mask, make_decoder_mask, make_padding_mask
-from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM
+from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM, compiled
 from .optim import Adam
 from .params import build_model, from_params, load_model, to_params
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
@@ -35,6 +37,10 @@ from .training import loss_and_grads
 BACKEND = "numpy"
 
 __all__ = [
+    "use_fused_kernels",
+    "fused_kernels_enabled",
+    "fused_kernels",
+    "KERNELS",
     "Dropout",
     "seed_dropout",
     "named_modules",
@@ -65,6 +71,7 @@ __all__ = [
     "TransformerLM",
     "beam",
     "build_model",
+    "compiled",
     "cross_entropy",
     "from_params",
     "gelu",

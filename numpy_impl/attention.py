@@ -12,7 +12,8 @@ from transformer_spec.checks import check_attention_inputs, check_attention_proj
 from transformer_spec.trace import record
 
 from .kernels import fusable
-from .layers import Dropout, Linear, Module, with_prefix
+from .layers import Dropout, Linear
+from .module import Module, with_prefix
 from .validate import check_mask
 
 

@@ -13,7 +13,8 @@ from transformer_spec.trace import record
 from .attention import KeyValueCache, MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
 from .layer_norm import LayerNorm
-from .layers import Dropout, Module, with_prefix
+from .layers import Dropout
+from .module import Module, with_prefix
 from .sublayer import sublayer_connection, sublayer_connection_backward
 
 

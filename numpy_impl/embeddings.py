@@ -11,7 +11,8 @@ from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
 from .layer_norm import LayerNorm
-from .layers import Dropout, Module, with_prefix
+from .layers import Dropout
+from .module import Module, with_prefix
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .validate import check_token_ids
 

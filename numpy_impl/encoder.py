@@ -12,7 +12,8 @@ from .attention import MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
 from .kernels import fusable
 from .layer_norm import LayerNorm
-from .layers import Dropout, Module, with_prefix
+from .layers import Dropout
+from .module import Module, with_prefix
 from .sublayer import sublayer_connection, sublayer_connection_backward
 
 

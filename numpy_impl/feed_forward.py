@@ -11,7 +11,8 @@ from transformer_spec import Config
 from transformer_spec.trace import record
 
 from .kernels import fusable
-from .layers import Dropout, Linear, Module, with_prefix
+from .layers import Dropout, Linear
+from .module import Module, with_prefix
 
 
 def relu(x: np.ndarray) -> np.ndarray:

@@ -33,7 +33,7 @@ import numpy as np
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
 from transformer_spec.trace import is_recording
 
-from .layers import is_grad_enabled
+from .module import is_grad_enabled
 from .validate import check_mask
 
 __all__ = ["KERNELS", "fusable", "fused_kernels", "fused_kernels_enabled", "use_fused_kernels"]

@@ -8,7 +8,7 @@ from transformer_spec import Config
 from transformer_spec.trace import record
 
 from .kernels import fusable
-from .layers import Module
+from .module import Module
 
 
 class LayerNorm(Module):

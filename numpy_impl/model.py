@@ -17,8 +17,9 @@ from transformer_spec.trace import record
 from .decoder import Decoder
 from .embeddings import Embeddings
 from .encoder import Encoder
-from .layers import Linear, Module, seed_dropout, with_prefix
+from .layers import Linear, seed_dropout
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
+from .module import Module, with_prefix
 from .validate import check_mask, check_token_ids
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from transformer_spec import Config
 
-from .layers import Module
+from .module import Module
 
 
 def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from transformer_spec.trace import Trace, recording
 
-from .layers import named_submodules
+from .module import named_submodules
 
 __all__ = ["named_modules", "trace_model"]
 

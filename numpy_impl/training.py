@@ -16,8 +16,8 @@ import numpy as np
 from transformer_spec import param_schema
 from transformer_spec.batches import split_batch
 
-from .layers import enable_grad
 from .loss import cross_entropy, cross_entropy_backward
+from .module import enable_grad
 
 
 def loss_and_grads(

@@ -17,8 +17,8 @@ import pytest
 
 from numpy_impl.attention import masked_softmax_backward, scaled_dot_product_attention_backward
 from numpy_impl.feed_forward import ACTIVATION_BACKWARDS
-from numpy_impl.layers import enable_grad
 from numpy_impl.loss import cross_entropy_backward
+from numpy_impl.module import enable_grad
 from transformer_spec import Config, init_params, param_schema, parent_of
 from transformer_spec.batches import decoder_only_batch, encoder_decoder_batch, shift_targets, split_batch
 

@@ -26,7 +26,7 @@ import json
 import pathlib
 import sys
 
-from transformer_spec.differences import NUMPY_BACKWARD, PER_BACKEND_FILES, REASONS
+from transformer_spec.differences import NUMPY_BACKWARD, ONE_BACKEND_FILES, PER_BACKEND_FILES, REASONS
 from transformer_spec.mirror import PACKAGES, PAIRS, ROOT, Report, mirror_report
 
 NO_REASON = "NO REASON"
@@ -93,6 +93,8 @@ def print_report(report: Report, pairs: list[str]) -> None:
             print(f"  {file}: {', '.join(names)}")
     for file, reason in PER_BACKEND_FILES.items():
         print(f"\nNot compared: {file} in every backend -> {reason}: {REASONS[reason]}")
+    for path, reason in ONE_BACKEND_FILES.items():
+        print(f"\nIn one backend only: {path} -> {reason}: {REASONS[reason]}")
     for pair in pairs:
         differences = report.of(pair)
         print(f"\n== {pair}: {len(differences)} differences, {report.count(pair)} statements")

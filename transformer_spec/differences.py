@@ -21,6 +21,8 @@ NUMPY_BACKWARD = "numpy-backward"
 # Files that are each backend's own by design: listed by the report with their reason,
 # not compared statement by statement.
 PER_BACKEND_FILES: dict[str, str] = {"kernels.py": "fused-kernels"}
+# Files one backend has and the others do not, because their framework brings what they hold.
+ONE_BACKEND_FILES: dict[str, str] = {"numpy_impl/module.py": "numpy-framework"}
 
 REASONS: dict[str, str] = {
     "fused-kernels": "Speed lives in one file per backend, kernels.py: the fused kernels a backend has "
@@ -34,6 +36,10 @@ REASONS: dict[str, str] = {
     "derive the backward pass from the forward one.",
     "numpy-autograd": "NumPy has no autograd: when gradients are asked for, the forward keeps, by name, the "
     "values its hand-written backward reads (self.keep); torch's autograd and jax.grad record them unasked.",
+    "numpy-framework": "NumPy is not a deep-learning framework: numpy_impl/module.py writes the little of "
+    "nn.Module and torch.autograd that the NumPy modules need (a base class with train()/eval(), a walker "
+    "over submodules, and enable_grad(), under which a forward keeps by name what its backward reads). "
+    "torch and JAX import these from their framework; they have no text of their own to compare.",
     "dropout-streams": "NumPy and JAX keep a random stream in each Dropout module (a NumPy Generator, an NNX "
     "RngStream), so a model seeds them all when it is built (seed_dropout(self, 0)); torch draws every "
     "dropout mask from its one global generator, which a constructor must not reseed behind the user's back.",

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .backends import BACKENDS, package
-from .differences import NUMPY_BACKWARD, PER_BACKEND_FILES, REASONS
+from .differences import NUMPY_BACKWARD, ONE_BACKEND_FILES, PER_BACKEND_FILES, REASONS
 
 PACKAGES = {backend: package(backend) for backend in BACKENDS}
 # pair name -> (the other backend, torch): torch is the text the others are read against
@@ -572,7 +572,8 @@ class Report:
 
     def reasons_used(self) -> set[str]:
         used = {r for d in self.differences for r in d.reasons if r in REASONS}
-        return used | ({NUMPY_BACKWARD} if self.numpy_backward else set()) | set(PER_BACKEND_FILES.values())
+        files = set(PER_BACKEND_FILES.values()) | set(ONE_BACKEND_FILES.values())
+        return used | ({NUMPY_BACKWARD} if self.numpy_backward else set()) | files
 
     def counts(self) -> dict:
         """pair -> {"total", "explained", "files": {file: {"total", "unexplained"}}}: the JSON summary."""
