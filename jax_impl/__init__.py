@@ -14,11 +14,12 @@ from .embeddings import Embeddings, TokenEmbedding
 from .encoder import Encoder, EncoderLayer
 from .feed_forward import ACTIVATIONS, PositionwiseFeedForward, gelu, gelu_tanh, relu
 from .generate import beam, greedy, make_stepper
+from .kernels import KERNELS, fused_kernels, fused_kernels_enabled, use_fused_kernels
 from .layer_norm import LayerNorm
 from .layers import Dropout, Linear, seed_dropout
 from .loss import cross_entropy
 from .masks import make_causal_mask, make_cross_attention_mask, make_decoder_mask, make_padding_mask
-from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM
+from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM, compiled
 from .optim import Adam
 from .params import build_model, from_params, load_model, to_params
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
@@ -36,6 +37,7 @@ __all__ = [
     "trace_model",
     "Adam",
     "ACTIVATIONS",
+    "KERNELS",
     "BACKEND",
     "MODEL_CLASSES",
     "AttentionHead",
@@ -60,8 +62,11 @@ __all__ = [
     "TransformerLM",
     "beam",
     "build_model",
+    "compiled",
     "cross_entropy",
     "from_params",
+    "fused_kernels",
+    "fused_kernels_enabled",
     "gelu",
     "gelu_tanh",
     "greedy",
@@ -80,4 +85,5 @@ __all__ = [
     "to_params",
     "train",
     "train_step",
+    "use_fused_kernels",
 ]

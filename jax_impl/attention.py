@@ -18,6 +18,7 @@ from transformer_spec import Config
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
 from transformer_spec.trace import record
 
+from .kernels import fusable
 from .layers import Dropout, Linear
 from .validate import check_mask
 
@@ -125,6 +126,7 @@ class MultiHeadAttention(nnx.Module):
         x = x.transpose(0, 2, 1, 3)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, self.num_heads * self.d_k)  # (B, T, d_model)
 
+    @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(
         self,
         query: jax.Array,

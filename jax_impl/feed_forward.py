@@ -12,6 +12,7 @@ from jax.scipy.special import erf
 from transformer_spec import Config
 from transformer_spec.trace import record
 
+from .kernels import fusable
 from .layers import Dropout, Linear
 
 
@@ -21,6 +22,7 @@ def relu(x: jax.Array) -> jax.Array:
     return jnp.where(x > 0, x, 0.0)  # (...)
 
 
+@fusable("gelu")  # speed: a fused kernel may run instead (kernels.py)
 def gelu(x: jax.Array) -> jax.Array:
     """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu").
 
@@ -49,6 +51,7 @@ class PositionwiseFeedForward(nnx.Module):
         self.activation = ACTIVATIONS[config.activation]  # a plain function: a static attribute to NNX
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
+    @fusable("feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: jax.Array) -> jax.Array:
         hidden = self.activation(self.w_1(x))  # (B, T, d_model) -> (B, T, d_ff)
         record(self, "hidden", hidden)

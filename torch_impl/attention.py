@@ -6,13 +6,13 @@ import math
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from transformer_spec import Config
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
-from transformer_spec.trace import is_recording, record
+from transformer_spec.trace import record
 
+from .kernels import fusable
 from .layers import Dropout, Linear
 from .validate import check_mask
 
@@ -59,26 +59,6 @@ def scaled_dot_product_attention(
     record(None, "weights", weights)
     used = weights if dropout is None else dropout(weights)  # (..., T_q, T_k)
     return used @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
-
-
-def _fused_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The fast path: ``scaled_dot_product_attention``'s context alone, in one fused kernel.
-
-    ``F.scaled_dot_product_attention`` never holds the whole (..., T_q, T_k) scores, and
-    takes our mask as it is (bool, True = may attend). For a query row with no allowed key
-    its kernels disagree (NaN, zeros or the mean of v); ours gives 0: such a row attends to
-    every key (finite, also in the backward pass) and is zeroed afterwards.
-    shared_tests/test_fast_paths.py holds it equal to the written-out attention.
-    """
-    check_attention_inputs(q.shape, k.shape, v.shape)
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v)  # (..., T_q, d_v)
-    check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
-    has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, T_q|1, 1)
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key)  # (..., T_q, d_v)
-    return context.masked_fill(~has_key, 0.0)  # (..., T_q, d_v), 0 where no key was allowed
 
 
 class KeyValueCache(NamedTuple):
@@ -128,12 +108,7 @@ class MultiHeadAttention(nn.Module):
         x = x.transpose(1, 2)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, self.num_heads * self.d_k)  # (B, T, d_model)
 
-    def _fast_path(self, need_weights: bool) -> bool:
-        """Use ``_fused_attention`` unless the weights are wanted: returned, traced, or
-        dropped out (its kernel would draw its own dropout mask, not ours)."""
-        dropout_active = self.training and self.config.dropout > 0
-        return not (need_weights or dropout_active or is_recording())
-
+    @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
     def forward(
         self,
         query: torch.Tensor,
@@ -150,10 +125,7 @@ class MultiHeadAttention(nn.Module):
         record(self, "q", q)
         record(self, "k", k)
         record(self, "v", v)
-        if self._fast_path(need_weights):
-            context, weights = _fused_attention(q, k, v, mask), None  # (B, H, T_q, d_k)
-        else:
-            context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k), weights
+        context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k), weights
         context = self.merge_heads(context)  # (B, T_q, d_model)
         record(self, "context", context)
         output = self.w_o(context)  # (B, T_q, d_model)

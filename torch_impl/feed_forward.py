@@ -5,35 +5,31 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from transformer_spec import Config
 from transformer_spec.trace import record
 
+from .kernels import fusable
 from .layers import Dropout, Linear
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:
-    return torch.relu(x)
+    return torch.relu(x)  # (...)
 
 
+@fusable("gelu")  # speed: a fused kernel may run instead (kernels.py)
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu")."""
-    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))  # (...)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact one."""
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # (...)
 
 
 ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}
-
-# The fast path: ``F.gelu`` is the same exact GELU in one pass over (B, T, d_ff), where the
-# written-out ``gelu`` makes five (~5x its time at BERT-base size, in ``bench``'s breakdown).
-# shared_tests/test_fast_paths.py holds the two equal.
-_FUSED_ACTIVATIONS = {"gelu": F.gelu}
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -46,9 +42,10 @@ class PositionwiseFeedForward(nn.Module):
         self.config = config
         self.w_1 = Linear(config.d_model, config.d_ff, config.bias, dtype)
         self.w_2 = Linear(config.d_ff, config.d_model, config.bias, dtype)
-        self.activation = _FUSED_ACTIVATIONS.get(config.activation, ACTIVATIONS[config.activation])
+        self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
+    @fusable("feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.activation(self.w_1(x))  # (B, T, d_model) -> (B, T, d_ff)
         record(self, "hidden", hidden)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from transformer_spec import Config
 from transformer_spec.trace import record
 
+from .kernels import fusable
 from .layers import _torch_dtype
 
 
@@ -16,9 +16,9 @@ class LayerNorm(nn.Module):
     """``(x - mean) / sqrt(var + eps) * weight + bias``.
 
     The variance is the *biased* one (divide by d, not d - 1) and eps sits inside the
-    square root: exactly what ``F.layer_norm`` computes (fused into one kernel here; the
-    formula is written out in numpy_impl and jax_impl). torch's default eps is 1e-5,
-    Flax's 1e-6, BERT's 1e-12: ours comes from the config.
+    square root: that is what torch, Flax and BERT compute. (A common hand-written
+    version uses ``x.std()`` -- unbiased -- and adds eps to the std: close, not equal.)
+    torch's default eps is 1e-5, Flax's 1e-6, BERT's 1e-12: ours comes from the config.
     """
 
     schema = "layer_norm"
@@ -30,7 +30,14 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(config.d_model, dtype=_torch_dtype(dtype)))
         self.bias = nn.Parameter(torch.zeros(config.d_model, dtype=_torch_dtype(dtype))) if config.bias else None
 
+    @fusable("layer_norm")  # speed: a fused kernel may run instead (kernels.py)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)  # (..., d_model)
+        mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
+        var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1), biased
+        std = torch.sqrt(var + self.eps)  # (..., 1)
+        x_hat = (x - mean) / std  # (..., d_model)
+        y = x_hat * self.weight  # (..., d_model)
+        if self.bias is not None:
+            y = y + self.bias  # (..., d_model)
         record(self, "output", y)
         return y

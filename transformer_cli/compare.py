@@ -1,15 +1,23 @@
 """``transformer-ref compare``: one model, one input, every backend, side by side.
 
 Runs the same weights and the same token ids through each installed backend (in
-float32 and/or float64), holds every result to the NumPy float64 reference, and prints
-the outputs, the largest differences and the times (runs interleaved, medians).
+float32 and/or float64), holds every result to the NumPy float64 reference (written out),
+and prints the outputs, the largest differences and the times (runs interleaved, medians).
+
+By default each backend runs as users get it, with its fused kernels (``kernels.py``:
+torch's F.scaled_dot_product_attention, F.layer_norm, F.gelu, native encoder layer;
+NumPy's float32 erf, attention a sequence at a time); ``--kernels written-out`` runs the
+teaching code alone (what ``transformer-ref trace`` records), ``--kernels both`` each
+side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +38,17 @@ def add_parser(commands) -> None:
     parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
     add_backends_argument(parser)
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per backend after the first")
+    parser.add_argument(
+        "--kernels",
+        default="fused",
+        choices=KERNEL_MODES,
+        help="fused (default: each backend's kernels.py, as users run it), written-out (the teaching "
+        "code alone, fused kernels off), or both, side by side",
+    )
     parser.set_defaults(run=run)
+
+
+KERNEL_MODES = ("fused", "written-out", "both")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,45 +69,79 @@ def run(args: argparse.Namespace) -> int:
         print(f"not installed (skipped): {', '.join(missing)}")
 
     reference = get_backend("numpy")
-    want = getattr(reference.call(reference.impl.build_model(config, params), *inputs), field)
-    runs = [(b, d, b.impl.build_model(config, _cast(params, d))) for b in backends for d in dtypes]
-    outputs, first, times = {}, {}, {(b.name, d): [] for b, d, _ in runs}
-    for b, d, model in runs:  # the first call separately: it includes JAX's compilation
+    with reference.impl.kernels.fused_kernels(False):
+        want = getattr(reference.call(reference.impl.build_model(config, params), *inputs), field)
+    modes = ["fused", "written-out"] if args.kernels == "both" else [args.kernels]
+    print(f"kernels: {' and '.join(modes)}" + ("" if args.kernels == "both" else " (--kernels both: side by side)"))
+    runs = [
+        Run(b, d, mode, b.impl.build_model(config, _cast(params, d)), _label(b.name, d, mode, len(modes) > 1))
+        for b in backends
+        for d in dtypes
+        for mode in modes
+    ]
+    outputs, first, times = {}, {}, {r.label: [] for r in runs}
+    for r in runs:  # the first call separately: it includes JAX's compilation
         start = time.perf_counter()
-        outputs[b.name, d] = getattr(b.call(model, *inputs), field)
-        first[b.name, d] = time.perf_counter() - start
+        with r.backend.impl.kernels.fused_kernels(r.mode == "fused"):
+            outputs[r.label] = getattr(r.backend.call(r.model, *inputs), field)
+        first[r.label] = time.perf_counter() - start
     for _ in range(args.repeat):  # then interleaved, so that a slow minute hits every backend alike
-        for b, d, model in runs:
-            backend_inputs = [b.asarray(x) for x in inputs]
-            start = time.perf_counter()
-            b.synchronize(_forward(b, model, backend_inputs))
-            times[b.name, d].append(time.perf_counter() - start)
+        for r in runs:
+            backend_inputs = [r.backend.asarray(x) for x in inputs]
+            with r.backend.impl.kernels.fused_kernels(r.mode == "fused"):
+                start = time.perf_counter()
+                r.backend.synchronize(_forward(r.backend, r.model, backend_inputs))
+                times[r.label].append(time.perf_counter() - start)
 
     scale = float(np.abs(want).max())
     print(f"\n{field} {tuple(want.shape)}, held to the NumPy float64 reference (max |reference| = {scale:.4g})\n")
-    header = f"{'backend':<8} {'dtype':<8} {'max |diff|':>11} {'/ max|ref|':>11} {'first call':>11} {'median call':>12}"
+    kernels_column = f"{'kernels':<12} " if len(modes) > 1 else ""
+    header = (
+        f"{'backend':<8} {'dtype':<8} {kernels_column}{'max |diff|':>11} {'/ max|ref|':>11} {'first call':>11} "
+        f"{'median call':>12}"
+    )
     print(header)
     print("-" * len(header))
-    for b, d, _ in runs:
-        diff = float(np.abs(outputs[b.name, d] - want).max())
-        median = statistics.median(times[b.name, d]) if times[b.name, d] else float("nan")
-        print(f"{b.name:<8} {d:<8} {diff:>11.3e} {diff / scale:>11.3e} {_ms(first[b.name, d]):>11} {_ms(median):>12}")
+    for r in runs:
+        diff = float(np.abs(outputs[r.label] - want).max())
+        median = statistics.median(times[r.label]) if times[r.label] else float("nan")
+        mode = f"{r.mode:<12} " if len(modes) > 1 else ""
+        print(
+            f"{r.backend.name:<8} {r.dtype:<8} {mode}{diff:>11.3e} {diff / scale:>11.3e} {_ms(first[r.label]):>11} "
+            f"{_ms(median):>12}"
+        )
 
+    width = max(16, *(len(r.label) + 2 for r in runs))
     print(f"\n{field}[0, 0, :6] (the first token), side by side\n")
-    print(f"{'':<16}" + "".join(f"{v:>12.6f}" for v in want[0, 0, :6]) + "  (reference)")
-    for b, d, _ in runs:
-        print(f"{b.name + ' ' + d:<16}" + "".join(f"{v:>12.6f}" for v in outputs[b.name, d][0, 0, :6]))
+    print(f"{'':<{width}}" + "".join(f"{v:>12.6f}" for v in want[0, 0, :6]) + "  (reference)")
+    for r in runs:
+        print(f"{r.label:<{width}}" + "".join(f"{v:>12.6f}" for v in outputs[r.label][0, 0, :6]))
 
     for d in dtypes:
-        names = [b.name for b in backends]
-        if len(names) < 2:
+        labels = [r.label for r in runs if r.dtype == d]
+        if len(labels) < 2:
             continue
+        names = {label: label.removesuffix(f" {d}").replace(f" {d} ", " ") for label in labels}
+        column = max(11, *(len(n) + 2 for n in names.values()))
         print(f"\npairwise max |diff| of {field}, {d}\n")
-        print(f"{'':<8}" + "".join(f"{n:>11}" for n in names))
-        for x in names:
-            row = "".join(f"{float(np.abs(outputs[x, d] - outputs[y, d]).max()):>11.2e}" for y in names)
-            print(f"{x:<8}{row}")
+        print(f"{'':<{column}}" + "".join(f"{names[y]:>{column}}" for y in labels))
+        for x in labels:
+            row = "".join(f"{float(np.abs(outputs[x] - outputs[y]).max()):>{column}.2e}" for y in labels)
+            print(f"{names[x]:<{column}}{row}")
     return 0
+
+
+@dataclasses.dataclass
+class Run:
+    backend: Any
+    dtype: str
+    mode: str  # "fused" | "written-out"
+    model: Any
+    label: str
+
+
+def _label(backend: str, dtype: str, mode: str, both: bool) -> str:
+    return f"{backend} {dtype}" + (f" {mode}" if both else "")
 
 
 def _forward(backend, model, inputs):

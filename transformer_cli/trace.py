@@ -8,6 +8,12 @@ shape, and how far each backend and dtype is from the NumPy float64 reference
 where a backend leaves the suite's tolerance (1e-12 in float64, 1e-5 in float32): where
 two implementations diverge, the first such line is where to look.
 
+It traces the written-out (teaching) code, with fused kernels off: a fused kernel (torch's
+F.scaled_dot_product_attention, its native encoder layer...) has no intermediates to
+record, so every kernel steps aside while a trace records. ``transformer-ref compare``
+runs the fused path users get by default (``--kernels both`` shows the two side by side);
+shared_tests/test_fast_paths.py holds the two equal.
+
 The names are the modules' paths in the model, the same as the weights' names:
 ``encoder.layers.0.self_attn.scores`` is computed with ``encoder.layers.0.self_attn.w_q.weight``.
 
@@ -47,6 +53,12 @@ def add_parser(commands) -> None:
     add_backends_argument(parser)
     parser.add_argument("--filter", default="", help="print only intermediates whose name contains this")
     parser.set_defaults(run=run)
+
+
+TRACED_PATH = (
+    "path traced: the written-out code, fused kernels off (a fused kernel has no intermediates); "
+    "`transformer-ref compare` runs the fused path, held equal by shared_tests/test_fast_paths.py"
+)
 
 
 @dataclass
@@ -103,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     dtypes = ["float64", "float32"] if args.dtype == "both" else [args.dtype]
     runs = [(b, d) for b in installed for d in dtypes]
     print(describe(model_input))
+    print(TRACED_PATH)
     for tokens in model_input.tokens:
         print(f"input: {' '.join(tokens)}  ({len(tokens)} tokens)")
     if skipped:

@@ -1,0 +1,167 @@
+"""Speed, in one place: the fused kernels torch runs instead of the written-out math.
+
+The component files show the math as the paper writes it. A teaching function or forward
+that has a faster equivalent carries one marked line, ``@fusable("gelu")``; while fused
+kernels are enabled (the default; ``use_fused_kernels(False)`` or ``with
+fused_kernels(False):`` switches them off) and no trace is recording, the call goes to the
+kernel registered here under that name. A kernel returns ``NotImplemented`` when it does
+not apply to a call (weights requested, gradients being kept, float64 where it would cost
+exactness), and the written-out code runs. ``shared_tests/test_fast_paths.py`` holds every
+kernel equal to the code it replaces.
+
+torch's kernels:
+
+* ``layer_norm``: ``F.layer_norm``, one pass over (..., d_model) where the written-out
+  mean, variance, normalise, scale and shift make six.
+* ``gelu``: ``F.gelu``, the same exact GELU in one pass where the written-out one makes
+  five (~5x its time at BERT-base size).
+* ``feed_forward``: in inference, w_1 and the activation (ReLU or exact GELU) in
+  ``torch._addmm_activation``, as ``nn.TransformerEncoderLayer``'s eval fast path runs them:
+  the activation works in place on w_1's output, so no second (B, T, d_ff) array is made
+  (each fresh large array costs its page faults: ~2 ms a layer at base size).
+* ``multi_head_attention``: ``F.scaled_dot_product_attention``, which never holds the whole
+  (B, H, T_q, T_k) scores, with the q, k and v projections packed into one matmul when they
+  read the same input (self-attention; k and v alone for cross-attention), as
+  ``nn.MultiheadAttention`` stores them. Not when the weights are wanted or dropped out.
+
+A query row with no allowed key is 0 on every path: the attention kernel lets such a row
+attend to every key inside the kernel (finite, also in the backward pass) and zeroes it
+after.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from transformer_spec.checks import check_attention_projections
+from transformer_spec.trace import is_recording
+
+from .validate import check_mask
+
+__all__ = ["KERNELS", "fusable", "fused_kernels", "fused_kernels_enabled", "use_fused_kernels"]
+
+KERNELS: dict[str, Callable] = {}  # name -> kernel, filled below
+_enabled = [True]  # process-wide, as torch's and JAX's global switches
+
+
+def use_fused_kernels(enabled: bool) -> None:
+    """Switch every fused kernel on (the default) or off (the written-out math everywhere)."""
+    _enabled[0] = bool(enabled)
+
+
+def fused_kernels_enabled() -> bool:
+    return _enabled[0]
+
+
+@contextmanager
+def fused_kernels(enabled: bool) -> Iterator[None]:
+    """``use_fused_kernels(enabled)`` inside the block, the previous setting after it."""
+    previous = _enabled[0]
+    use_fused_kernels(enabled)
+    try:
+        yield
+    finally:
+        _enabled[0] = previous
+
+
+def fusable(name: str) -> Callable[[Callable], Callable]:
+    """Marks a teaching function (or a module's forward) that the kernel ``KERNELS[name]`` may
+    replace: the kernel gets the same arguments and returns the same result, or NotImplemented."""
+
+    def decorate(teaching: Callable) -> Callable:
+        @functools.wraps(teaching)
+        def dispatch(*args, **kwargs):
+            kernel = KERNELS.get(name)
+            if kernel is not None and _enabled[0] and not is_recording():
+                result = kernel(*args, **kwargs)
+                if result is not NotImplemented:
+                    return result
+            return teaching(*args, **kwargs)
+
+        return dispatch
+
+    return decorate
+
+
+# ----------------------------------------------------------------------------- layer_norm
+def layer_norm(module, x: torch.Tensor) -> torch.Tensor:
+    """``LayerNorm.forward``: the same biased variance, eps inside the square root."""
+    return F.layer_norm(x, (x.shape[-1],), module.weight, module.bias, module.eps)  # (..., d_model)
+
+
+KERNELS["layer_norm"] = layer_norm
+
+
+# ----------------------------------------------------------------------------------- gelu
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x)  # (...,) like x: the exact erf GELU (approximate="none")
+
+
+KERNELS["gelu"] = gelu
+
+
+# --------------------------------------------------------------------------- feed_forward
+def feed_forward(module, x: torch.Tensor) -> torch.Tensor:
+    """``PositionwiseFeedForward.forward`` in inference, the activation in place on w_1's output."""
+    activation, w_1, w_2 = module.config.activation, module.w_1, module.w_2
+    if activation not in ("relu", "gelu") or w_1.bias is None or (module.dropout.training and module.dropout.rate > 0):
+        return NotImplemented  # no fused tanh GELU; no bias to fuse; dropout on the hidden layer
+    if torch.is_grad_enabled() and (x.requires_grad or w_1.weight.requires_grad):
+        return NotImplemented  # the in-place activation would overwrite what autograd keeps
+    rows = x.reshape(-1, x.shape[-1])  # (N, d_model)
+    hidden = torch._addmm_activation(w_1.bias, rows, w_1.weight.t(), use_gelu=activation == "gelu")  # (N, d_ff)
+    return w_2(hidden).reshape(*x.shape[:-1], w_2.out_features)  # (..., d_model)
+
+
+KERNELS["feed_forward"] = feed_forward
+
+
+# ------------------------------------------------------------------- multi_head_attention
+def _packed(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Several Linear layers reading the same input -> one weight [sum of outs, in] and bias."""
+    weight = torch.cat([linear.weight for linear in linears])  # (n * d_model, d_model)
+    if any(linear.bias is None for linear in linears):
+        return weight, None
+    return weight, torch.cat([linear.bias for linear in linears])  # (n * d_model,)
+
+
+def attention_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``scaled_dot_product_attention``'s context alone, in ``F.scaled_dot_product_attention``.
+
+    That kernel takes our mask as it is (bool, True = may attend). For a query row with no
+    allowed key its implementations disagree (NaN, zeros or the mean of v); ours gives 0: the
+    row attends to every key (finite, also in the backward pass) and is zeroed afterwards.
+    """
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v)  # (..., T_q, d_v)
+    has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, T_q|1, 1)
+    if has_key.all():  # the usual case (a host sync: cheap on the CPU), and 20% faster at base size
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (..., T_q, d_v)
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key)  # (..., T_q, d_v)
+    return context.masked_fill(~has_key, 0.0)  # (..., T_q, d_v), 0 where no key was allowed
+
+
+def multi_head_attention(module, query, key, value, mask=None, need_weights=False):
+    """``MultiHeadAttention.forward`` without the (B, H, T_q, T_k) weights."""
+    if need_weights or (module.dropout.training and module.dropout.rate > 0):
+        return NotImplemented  # the weights are wanted, or dropped out (with our dropout mask)
+    check_attention_projections(query.shape, key.shape, value.shape, module.config.d_model)
+    if query is key and key is value:  # self-attention: one (d_model, 3 d_model) matmul
+        q, k, v = F.linear(query, *_packed(module.w_q, module.w_k, module.w_v)).chunk(3, dim=-1)  # (B, T, d_model) x3
+    elif key is value:  # cross-attention: the memory's keys and values in one matmul
+        q = module.w_q(query)  # (B, T_q, d_model)
+        k, v = F.linear(key, *_packed(module.w_k, module.w_v)).chunk(2, dim=-1)  # (B, T_k, d_model) x2
+    else:
+        q, k, v = module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_q|T_k, d_model)
+    q, k, v = module.split_heads(q), module.split_heads(k), module.split_heads(v)  # (B, H, T, d_k)
+    check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
+    context = module.merge_heads(attention_context(q, k, v, mask))  # (B, T_q, d_model)
+    return module.w_o(context), None  # (B, T_q, d_model)
+
+
+KERNELS["multi_head_attention"] = multi_head_attention
