@@ -133,8 +133,9 @@ class CachedStepper:
         self.model = model
 
     def start(self, src_ids: np.ndarray) -> DecodingState:
+        # differs: jax-jit
         config = self.model.config
-        src_ids = jnp.asarray(src_ids)  # (N, T_src), or the prompt (N, P)
+        src_ids = _to_device(self.model, src_ids)  # (N, T_src), or the prompt (N, P)
         vocab = config.src_vocab_size if config.decoder_has_cross_attention else config.tgt_vocab_size
         if src_ids.shape[1]:  # eagerly, on the concrete ids: the compiled code cannot look at values
             check_token_ids("ids", src_ids, vocab, config.max_len)
@@ -146,16 +147,17 @@ class CachedStepper:
         return DecodingState(cache, keep, None, src_ids.shape[1])
 
     def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:
-        tokens = jnp.asarray(tokens)[:, None]  # (N, 1)
+        tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
+        # differs: jax-jit
         config = self.model.config
         check_token_ids("ids", tokens, config.tgt_vocab_size, config.max_len, state.offset + position)  # eagerly
         logits, cache, keep = _jit_decode_step(
             self.model, tokens, state.cache, state.keep, state.memory_mask, state.offset + position
         )  # (N, 1, V), ...
-        return np.asarray(logits[:, -1]), state._replace(cache=cache, keep=keep)  # (N, V)
+        return _to_host(logits[:, -1]), state._replace(cache=cache, keep=keep)  # (N, V)
 
     def reorder(self, state: DecodingState, rows: np.ndarray) -> DecodingState:
-        rows = jnp.asarray(rows)  # (N,)
+        rows = _to_device(self.model, rows)  # (N,)
         cache, keep, memory_mask = select_rows((state.cache, state.keep, state.memory_mask), rows)
         return state._replace(cache=cache, keep=keep, memory_mask=memory_mask)
 
@@ -167,7 +169,7 @@ class UncachedStepper:
         self.model = model
 
     def start(self, src_ids: np.ndarray) -> PrefixState:
-        src_ids = jnp.asarray(src_ids)  # (N, T_src)
+        src_ids = _to_device(self.model, src_ids)  # (N, T_src)
         return PrefixState(src_ids, jnp.zeros((src_ids.shape[0], 0), src_ids.dtype))  # (N, 0)
 
     def step(self, state: PrefixState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, PrefixState]:
@@ -175,15 +177,15 @@ class UncachedStepper:
             raise ValueError(
                 f"{state.tgt_ids.shape[1]} tokens were fed so far, but the next is for position {position}"
             )
-        tgt_ids = jnp.concatenate([state.tgt_ids, jnp.asarray(tokens)[:, None]], axis=1)  # (N, position + 1)
+        tgt_ids = jnp.concatenate([state.tgt_ids, _to_device(self.model, tokens)[:, None]], axis=1)  # (N, position + 1)
         if self.model.config.decoder_has_cross_attention:
             logits = self.model(state.src_ids, tgt_ids).logits  # (N, position + 1, V)
         else:
             logits = self.model(jnp.concatenate([state.src_ids, tgt_ids], axis=1)).logits  # (N, P + position + 1, V)
-        return np.asarray(logits[:, -1]), PrefixState(state.src_ids, tgt_ids)  # (N, V)
+        return _to_host(logits[:, -1]), PrefixState(state.src_ids, tgt_ids)  # (N, V)
 
     def reorder(self, state: PrefixState, rows: np.ndarray) -> PrefixState:
-        return select_rows(state, jnp.asarray(rows))
+        return select_rows(state, _to_device(self.model, rows))
 
 
 def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedStepper:
@@ -213,3 +215,13 @@ def beam(
     """Beam search (``transformer_spec.decoding.beam_search``) -> the best hypothesis per row and its score."""
     stepper = make_stepper(model, cached)
     return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
+
+
+def _to_device(model: Any, ids: np.ndarray) -> jax.Array:
+    """The search's ids (NumPy) -> a JAX array on the default device."""
+    return jnp.asarray(ids)  # differs: torch-device
+
+
+def _to_host(logits: jax.Array) -> np.ndarray:
+    """This backend's logits -> the NumPy array the search reads (a copy from the device)."""
+    return np.asarray(logits)  # differs: torch-device

@@ -56,6 +56,7 @@ class Dropout(nnx.Module):
 
     def __init__(self, rate: float):
         self.rate = rate
+        # differs: framework-layers
         self.deterministic = False  # as a new nnx.Dropout: training mode
         self.rngs = nnx.Rngs(dropout=0).dropout  # replaced by seed_dropout
 
@@ -75,7 +76,7 @@ def seed_dropout(model: nnx.Module, seed: int) -> None:
             module.rngs = root.fork()
 
 
-def dropout_active(model: nnx.Module) -> bool:
+def dropout_active(model: nnx.Module) -> bool:  # differs: jax-jit
     """Whether a call of ``model`` draws dropout masks (and so changes its random state)."""
     return any(
         isinstance(module, Dropout) and not module.deterministic and module.rate > 0

@@ -28,7 +28,7 @@ class Adam:
         self.optimizer = nnx.Optimizer(model, transform, wrt=nnx.Param)
         self.t = 0
 
-    def set_learning_rate(self) -> float:
+    def set_learning_rate(self) -> float:  # differs: framework-optimizer
         """Advance to the next step and store its rate in the optimizer state; returns it."""
         self.t += 1
         lr = float(self.schedule(self.t))

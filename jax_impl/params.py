@@ -21,12 +21,12 @@ from transformer_spec.io import check_weights_to_load
 from .model import MODEL_CLASSES
 
 
-def _to_flax_name(parent: Any, leaf: str) -> str:
+def _to_flax_name(parent: Any, leaf: str) -> str:  # differs: framework-params
     # nnx.Linear calls its [in, out] matrix ``kernel``; the canonical name is ``weight``.
     return "kernel" if isinstance(parent, nnx.Linear) and leaf == "weight" else leaf
 
 
-def _check_x64(dtype: str) -> None:
+def _check_x64(dtype: str) -> None:  # differs: jax-x64
     # Without 64-bit mode JAX has no float64: jnp.asarray(x, "float64") warns and returns
     # float32, so a float64 model would silently be a float32 one.
     if dtype == "float64" and not jax.config.jax_enable_x64:
@@ -40,6 +40,7 @@ def _check_x64(dtype: str) -> None:
 def from_params(module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:
     """Build ``module_class(config)`` and load the canonical ``params`` into it."""
     schema, dtype = check_weights_to_load(module_class, config, params, dtype)
+    # differs: jax-x64
     _check_x64(dtype)
     module = module_class(config, dtype)
     for name in schema:

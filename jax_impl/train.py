@@ -21,7 +21,9 @@ from .validate import check_token_ids
 
 
 @nnx.jit(static_argnames=("label_smoothing",))
-def _update(model, optimizer: nnx.Optimizer, inputs: tuple, targets: jax.Array, label_smoothing: float) -> jax.Array:
+def _update(  # differs: jax-jit
+    model, optimizer: nnx.Optimizer, inputs: tuple, targets: jax.Array, label_smoothing: float
+) -> jax.Array:
     def loss_fn(model):
         with inputs_checked():  # train_step checked them eagerly, before this jit
             logits = model(*inputs).logits  # (B, T, V), traced inside this jit
@@ -45,7 +47,7 @@ def train_step(model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing
     return float(_update(model, optimizer.optimizer, inputs, targets, label_smoothing))
 
 
-def _cached_update(optimizer: Adam):
+def _cached_update(optimizer: Adam):  # differs: jax-jit
     """``_update`` with the model and optimizer bound by ``nnx.cached_partial``.
 
     ``nnx.jit`` walks the whole module graph (every layer, every Param, the optimizer's

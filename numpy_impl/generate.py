@@ -119,7 +119,7 @@ class CachedStepper:
         self.model = model
 
     def start(self, src_ids: np.ndarray) -> DecodingState:
-        src_ids = np.asarray(src_ids)  # (N, T_src), or the prompt (N, P)
+        src_ids = _to_device(self.model, src_ids)  # (N, T_src), or the prompt (N, P)
         cache, keep, memory_mask = initial_cache(self.model, src_ids)
         if self.model.config.decoder_has_cross_attention or src_ids.shape[1] == 0:
             return DecodingState(cache, keep, memory_mask, 0)
@@ -128,14 +128,14 @@ class CachedStepper:
         return DecodingState(cache, keep, None, src_ids.shape[1])
 
     def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:
-        tokens = np.asarray(tokens)[:, None]  # (N, 1)
+        tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
         logits, cache, keep = decode_step(
             self.model, tokens, state.cache, state.keep, state.memory_mask, state.offset + position
         )  # (N, 1, V), ...
-        return logits[:, -1], state._replace(cache=cache, keep=keep)  # (N, V)
+        return _to_host(logits[:, -1]), state._replace(cache=cache, keep=keep)  # (N, V)
 
     def reorder(self, state: DecodingState, rows: np.ndarray) -> DecodingState:
-        rows = np.asarray(rows)  # (N,)
+        rows = _to_device(self.model, rows)  # (N,)
         cache, keep, memory_mask = select_rows((state.cache, state.keep, state.memory_mask), rows)
         return state._replace(cache=cache, keep=keep, memory_mask=memory_mask)
 
@@ -147,23 +147,23 @@ class UncachedStepper:
         self.model = model
 
     def start(self, src_ids: np.ndarray) -> PrefixState:
-        src_ids = np.asarray(src_ids)
-        return PrefixState(src_ids, np.zeros((src_ids.shape[0], 0), np.int64))
+        src_ids = _to_device(self.model, src_ids)
+        return PrefixState(src_ids, np.zeros((src_ids.shape[0], 0), src_ids.dtype))  # (N, 0)
 
     def step(self, state: PrefixState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, PrefixState]:
         if state.tgt_ids.shape[1] != position:
             raise ValueError(
                 f"{state.tgt_ids.shape[1]} tokens were fed so far, but the next is for position {position}"
             )
-        tgt_ids = np.concatenate([state.tgt_ids, np.asarray(tokens)[:, None]], axis=1)  # (N, position + 1)
+        tgt_ids = np.concatenate([state.tgt_ids, _to_device(self.model, tokens)[:, None]], axis=1)  # (N, position + 1)
         if self.model.config.decoder_has_cross_attention:
             logits = self.model(state.src_ids, tgt_ids).logits  # (N, position + 1, V)
         else:
             logits = self.model(np.concatenate([state.src_ids, tgt_ids], axis=1)).logits  # (N, P + position + 1, V)
-        return logits[:, -1], PrefixState(state.src_ids, tgt_ids)  # (N, V)
+        return _to_host(logits[:, -1]), PrefixState(state.src_ids, tgt_ids)  # (N, V)
 
     def reorder(self, state: PrefixState, rows: np.ndarray) -> PrefixState:
-        return select_rows(state, np.asarray(rows))
+        return select_rows(state, _to_device(self.model, rows))
 
 
 def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedStepper:
@@ -193,3 +193,13 @@ def beam(
     """Beam search (``transformer_spec.decoding.beam_search``) -> the best hypothesis per row and its score."""
     stepper = make_stepper(model, cached)
     return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
+
+
+def _to_device(model: Any, ids: np.ndarray) -> np.ndarray:
+    """The search's ids (NumPy) -> this backend's array: NumPy's own."""
+    return np.asarray(ids)  # differs: torch-device
+
+
+def _to_host(logits: np.ndarray) -> np.ndarray:
+    """This backend's logits -> the NumPy array the search reads: already one."""
+    return logits  # differs: torch-device

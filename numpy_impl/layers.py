@@ -16,11 +16,11 @@ from .module import Module, named_submodules
 class Linear(Module):
     """``x @ weight + bias`` with ``weight`` stored [in, out], as in the paper's equations."""
 
-    def __init__(self, d_in: int, d_out: int, bias: bool = True, dtype: str = "float32"):
+    def __init__(self, d_in: int, d_out: int, bias: bool = True, dtype: str = "float32"):  # differs: framework-layers
         self.weight = np.zeros((d_in, d_out), dtype)  # (d_in, d_out)
         self.bias = np.zeros((d_out,), dtype) if bias else None  # (d_out,)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray) -> np.ndarray:  # differs: framework-layers
         # All positions as the rows of one matrix: NumPy runs (B, T, d_in) @ W as B separate
         # BLAS calls, (B T, d_in) @ W as one big one (1.1-1.3x faster at BERT-base sizes).
         rows = x.reshape(-1, x.shape[-1])  # (N, d_in), N = the product of the leading dims
@@ -55,13 +55,16 @@ class Dropout(Module):
 
     def __init__(self, rate: float):
         self.rate = rate
+        # differs: framework-layers
         self.training = True  # as a new torch nn.Module or nnx.Dropout: switch with model.eval()
         self.rng = np.random.default_rng(0)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if not self.training or self.rate == 0:
+            # differs: numpy-autograd
             self.keep(multiplier=None)  # nothing dropped
             return x
+        # differs: framework-layers
         keep = self.rng.random(x.shape) >= self.rate  # (...,) like x: True with probability 1 - rate
         multiplier = keep.astype(x.dtype) / (1.0 - self.rate)  # (...,) like x: 0 or 1 / (1 - rate)
         self.keep(multiplier=multiplier)
@@ -76,6 +79,7 @@ class Dropout(Module):
 def seed_dropout(model, seed: int) -> None:
     """Give every Dropout in ``model`` its own generator, all spawned from ``seed``: the same
     seed gives the same masks, and no two layers share a mask."""
+    # differs: dropout-streams
     dropouts = [module for _, module in named_submodules(model) if isinstance(module, Dropout)]
     for module, rng in zip(dropouts, np.random.default_rng(seed).spawn(len(dropouts)), strict=True):
         module.rng = rng

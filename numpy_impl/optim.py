@@ -31,7 +31,7 @@ class Adam:
         self.v = {name: np.zeros_like(self._param(name)) for name in self.names}  # second moments
         self.t = 0
 
-    def _param(self, name: str) -> np.ndarray:
+    def _param(self, name: str) -> np.ndarray:  # differs: framework-optimizer
         parent, leaf = parent_of(self.model, name)
         return getattr(parent, leaf)
 

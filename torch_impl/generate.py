@@ -68,6 +68,7 @@ def make_step_mask(keep: torch.Tensor, position: int, num_new: int) -> torch.Ten
 
     For a single new token this is ``keep`` alone (everything cached is in its past); a block
     of new tokens (a prompt) also needs the causal triangle among themselves."""
+    # differs: torch-device
     key_positions = torch.arange(keep.shape[1], device=keep.device)  # (T_cache,)
     query_positions = position + torch.arange(num_new, device=keep.device)  # (T_new,)
     causal = key_positions[None, :] <= query_positions[:, None]  # (T_new, T_cache)
@@ -80,6 +81,7 @@ def initial_cache(
     """Before the first step -> (cache, keep, memory_mask): the encoder-decoder encodes its source
     and projects the memory's keys and values, once per layer; no target token is cached yet."""
     batch = src_ids.shape[0]
+    # differs: torch-device  differs: jit-static-shapes
     keep = torch.zeros(batch, 0, dtype=torch.bool, device=src_ids.device)  # (N, 0): grows with the cache
     if not model.config.decoder_has_cross_attention:
         return model.decoder.empty_cache(batch), keep, None
@@ -108,6 +110,7 @@ def decode_step(
 
 def select_rows(tree: Any, rows: torch.Tensor) -> Any:
     """Every array in a (named) tuple tree, indexed by ``rows`` along its first (batch) axis."""
+    # differs: jax-pytree
     if tree is None:
         return None
     if isinstance(tree, tuple):
@@ -125,20 +128,23 @@ class CachedStepper:
     @torch.no_grad()
     def start(self, src_ids: np.ndarray) -> DecodingState:
         src_ids = _to_device(self.model, src_ids)  # (N, T_src), or the prompt (N, P)
+        # differs: jax-jit
         cache, keep, memory_mask = initial_cache(self.model, src_ids)
         if self.model.config.decoder_has_cross_attention or src_ids.shape[1] == 0:
             return DecodingState(cache, keep, memory_mask, 0)
         # decoder-only: the prompt, all of it in one call, fills the cache at positions 0 .. P - 1
+        # differs: jax-jit
         _, cache, keep = decode_step(self.model, src_ids, cache, keep, None, 0)  # (N, P, V), ...
         return DecodingState(cache, keep, None, src_ids.shape[1])
 
     @torch.no_grad()
     def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:
         tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
+        # differs: jax-jit
         logits, cache, keep = decode_step(
             self.model, tokens, state.cache, state.keep, state.memory_mask, state.offset + position
         )  # (N, 1, V), ...
-        return logits[:, -1].cpu().numpy(), state._replace(cache=cache, keep=keep)  # (N, V)
+        return _to_host(logits[:, -1]), state._replace(cache=cache, keep=keep)  # (N, V)
 
     def reorder(self, state: DecodingState, rows: np.ndarray) -> DecodingState:
         rows = _to_device(self.model, rows)  # (N,)
@@ -154,6 +160,7 @@ class UncachedStepper:
 
     def start(self, src_ids: np.ndarray) -> PrefixState:
         src_ids = _to_device(self.model, src_ids)  # (N, T_src)
+        # differs: torch-device
         return PrefixState(src_ids, src_ids.new_zeros(src_ids.shape[0], 0))  # (N, 0)
 
     @torch.no_grad()
@@ -167,7 +174,7 @@ class UncachedStepper:
             logits = self.model(state.src_ids, tgt_ids).logits  # (N, position + 1, V)
         else:
             logits = self.model(torch.cat([state.src_ids, tgt_ids], dim=1)).logits  # (N, P + position + 1, V)
-        return logits[:, -1].cpu().numpy(), PrefixState(state.src_ids, tgt_ids)  # (N, V)
+        return _to_host(logits[:, -1]), PrefixState(state.src_ids, tgt_ids)  # (N, V)
 
     def reorder(self, state: PrefixState, rows: np.ndarray) -> PrefixState:
         return select_rows(state, _to_device(self.model, rows))
@@ -204,5 +211,10 @@ def beam(
 
 def _to_device(model: Any, ids: np.ndarray) -> torch.Tensor:
     """NumPy ids (the search's) -> an int64 tensor on the model's device."""
-    device = next(model.parameters()).device
+    device = next(model.parameters()).device  # differs: torch-device
     return torch.from_numpy(np.ascontiguousarray(ids, np.int64)).to(device)
+
+
+def _to_host(logits: torch.Tensor) -> np.ndarray:
+    """This backend's logits -> the NumPy array the search reads (a copy from the device)."""
+    return logits.cpu().numpy()  # differs: torch-device

@@ -11,11 +11,12 @@ from torch import nn
 from torch.nn import functional as F
 
 
-def Linear(d_in: int, d_out: int, bias: bool = True, dtype: str = "float32") -> nn.Linear:  # noqa: N802
+def Linear(d_in: int, d_out: int, bias: bool = True, dtype: str = "float32") -> nn.Linear:  # noqa: N802  differs: framework-layers
+    # differs: framework-layers
     return nn.Linear(d_in, d_out, bias=bias, dtype=_torch_dtype(dtype))
 
 
-def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:  # differs: framework-layers
     return dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype))
 
 
@@ -32,11 +33,14 @@ class Dropout(nn.Module):
         self.rate = rate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # differs: framework-layers
         if not self.training or self.rate == 0:
             return x
+        # differs: framework-layers
         return F.dropout(x, self.rate)  # (...,) like x
 
 
 def seed_dropout(model: nn.Module, seed: int) -> None:
     """Make the next dropout masks reproducible: torch draws them all from one global generator."""
+    # differs: dropout-streams
     torch.manual_seed(seed)

@@ -33,11 +33,13 @@ def cross_entropy(
     check_token_ids("targets", targets, logits.shape[-1], None)
     # log-softmax is unchanged by a shift of the logits; shifting by the row max avoids
     # overflow. The shift is a constant (detached): no gradient flows through the max.
+    # differs: framework-autograd
     shifted = logits - logits.amax(dim=-1, keepdim=True).detach()  # (B, T, V)
     log_probs = shifted - torch.log(torch.exp(shifted).sum(dim=-1, keepdim=True))  # (B, T, V)
     nll = -torch.gather(log_probs, -1, targets[..., None])[..., 0]  # (B, T): -log p(target)
     smooth = -log_probs.mean(dim=-1)  # (B, T): -mean over the vocabulary of log p
     per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth  # (B, T)
     real = targets != pad_id  # (B, T): positions that count
+    # differs: host-scalars
     count = real.sum().clamp(min=1)  # all padding: 0 / 1, not 0 / 0
     return torch.where(real, per_token, 0.0).sum() / count  # ()

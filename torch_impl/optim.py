@@ -22,13 +22,15 @@ class Adam:
         eps: float = 1e-9,
     ):
         self.model, self.schedule, self.betas, self.eps = model, schedule, betas, eps
+        # differs: framework-optimizer
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=betas, eps=eps)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda t: schedule(t + 1))
         self.t = 0
 
-    def step(self, grads=None) -> float:
+    def step(self, grads=None) -> float:  # differs: framework-optimizer
         """Apply the gradients that ``loss.backward()`` left in each ``.grad``; returns the learning rate used."""
         self.t += 1
+        # differs: framework-optimizer
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -15,7 +15,7 @@ from transformer_spec.io import check_weights_to_load
 from .model import MODEL_CLASSES
 
 
-def _to_torch_layout(parent: Any, leaf: str, value: np.ndarray) -> np.ndarray:
+def _to_torch_layout(parent: Any, leaf: str, value: np.ndarray) -> np.ndarray:  # differs: framework-params
     # nn.Linear keeps weight as [out, in]; the canonical (paper) layout is [in, out].
     return value.T if isinstance(parent, nn.Linear) and leaf == "weight" else value
 
@@ -24,6 +24,7 @@ def from_params(module_class: type, config: Config, params: Mapping[str, Any], d
     """Build ``module_class(config)`` and load the canonical ``params`` into it (eval mode)."""
     schema, dtype = check_weights_to_load(module_class, config, params, dtype)
     module = module_class(config, dtype)
+    # differs: framework-params
     with torch.no_grad():
         for name in schema:
             parent, leaf = parent_of(module, name)
@@ -37,6 +38,7 @@ def to_params(module: nn.Module) -> dict[str, np.ndarray]:
     params = {}
     for name in param_schema(module.config, module.schema):
         parent, leaf = parent_of(module, name)
+        # differs: framework-params
         value = getattr(parent, leaf).detach().cpu().numpy()
         params[name] = np.array(_to_torch_layout(parent, leaf, value))
     return params

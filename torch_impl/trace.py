@@ -18,11 +18,13 @@ def named_modules(model) -> dict[int, str]:
     """id(module) -> its path in ``model`` ("" for the model itself, "encoder.layers.0.self_attn").
 
     torch lists them itself: ``nn.Module.named_modules``."""
+    # differs: framework-module-tree
     return {id(module): path for path, module in model.named_modules()}
 
 
 def trace_model(model, *inputs, **kwargs) -> Trace:
     """Run ``model(*inputs, **kwargs)`` once -> name -> NumPy array of every intermediate."""
+    # differs: framework-autograd
     with recording(named_modules(model)) as recorded, torch.no_grad():
         model(*inputs, **kwargs)
     return recorded

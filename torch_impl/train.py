@@ -18,6 +18,7 @@ from .optim import Adam
 def train_step(model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing: float = 0.0) -> float:
     """One update on ``batch`` (see transformer_spec.batches); returns the loss before it."""
     inputs, targets = split_batch(model.config, batch)
+    # differs: framework-autograd
     with torch.enable_grad():  # callers may hold a no_grad context (evaluation, tests)
         logits = model(*(torch.as_tensor(x) for x in inputs)).logits  # (B, T, V)
         loss = cross_entropy(logits, torch.as_tensor(targets), model.config.pad_id, label_smoothing)  # ()

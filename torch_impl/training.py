@@ -30,6 +30,7 @@ def loss_and_grads(
     The gradients have the canonical names and [in, out] layout of ``param_schema``.
     """
     inputs, targets = split_batch(model.config, batch)
+    # differs: framework-autograd
     names = list(param_schema(model.config))
     leaves = [parent_of(model, name) for name in names]  # (module, attribute) per canonical name
     parameters = [getattr(parent, leaf) for parent, leaf in leaves]

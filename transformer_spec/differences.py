@@ -40,6 +40,32 @@ REASONS: dict[str, str] = {
     "nn.Module and torch.autograd that the NumPy modules need (a base class with train()/eval(), a walker "
     "over submodules, and enable_grad(), under which a forward keeps by name what its backward reads). "
     "torch and JAX import these from their framework; they have no text of their own to compare.",
+    "framework-layers": "Each framework brings its own linear layer and dropout: torch's nn.Linear (weight "
+    "[out, in]) and F.dropout (from the global generator), Flax's nnx.Linear (kernel [in, out], an "
+    "nnx.Param) and a Dropout drawing from its own RngStream; NumPy writes both (Linear as the rows of one "
+    "matrix, one BLAS call). layers.py builds them under our names; params.py maps the layouts.",
+    "framework-autograd": "How each framework gets gradients: torch records a graph while grad is enabled "
+    "(torch.autograd.grad, .detach(), no_grad); JAX differentiates a function (nnx.value_and_grad) of the "
+    "model's Params; NumPy chains its hand-written backward passes.",
+    "framework-module-tree": "Each framework walks its own module tree: torch's named_modules(), NNX's "
+    "iter_graph (paths as tuples), NumPy's attribute walker (module.py).",
+    "framework-dtype-names": "Each framework names and tests dtypes its own way (torch.float32 prints with "
+    "its prefix, torch has no issubdtype), and a JAX array inside jit is a tracer with no values to check: "
+    "validate.py reads shapes, dtypes and values into the plain Python the shared checks take.",
+    "host-scalars": "NumPy keeps a count a Python int, so that float32 stays float32 (NEP 50 would promote "
+    "a NumPy int64 scalar); torch and JAX keep it a 0-d array where the data is, with no copy to the host.",
+    "jax-pytree": "JAX maps a function over nested tuples of arrays in one call (jax.tree.map over the "
+    "pytree); torch and NumPy walk the tuples by hand.",
+    "framework-optimizer": "Each backend's Adam is its framework's own: torch.optim.Adam with a LambdaLR "
+    "schedule, optax.adam inside nnx.Optimizer (the rate injected as a hyperparameter), and in NumPy the "
+    "update written out (m, v, bias corrections). They take the same schedule and give the same steps.",
+    "framework-params": "Each framework stores parameters its own way: torch's nn.Linear weight is "
+    "[out, in] (transposed on the way in and out) and is written under no_grad with copy_; Flax calls it "
+    "kernel and writes into the nnx.Param with [...]; NumPy sets the attribute. params.py does that mapping "
+    "and nothing else.",
+    "jax-x64": "JAX computes in float32 unless 64-bit mode was switched on at start-up, and silently "
+    "truncates a float64 request otherwise: loading float64 weights checks the mode and says how to switch "
+    "it on.",
     "dropout-streams": "NumPy and JAX keep a random stream in each Dropout module (a NumPy Generator, an NNX "
     "RngStream), so a model seeds them all when it is built (seed_dropout(self, 0)); torch draws every "
     "dropout mask from its one global generator, which a constructor must not reseed behind the user's back.",
