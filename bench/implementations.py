@@ -51,10 +51,13 @@ class Workload:
         return self.valid[:, None, None, :] & causal[None, None]
 
 
-def make_workload(config: Config, batch: int, seq_len: int, seed: int = 0) -> Workload:
+def make_workload(config: Config, batch: int, seq_len: int, seed: int = 0, padded: bool = True) -> Workload:
+    """``padded=False``: every sequence full length (the same draws otherwise)."""
     rng = np.random.default_rng(seed)
     lengths = np.full(batch, seq_len)
     lengths[1:] = rng.integers(max(1, 3 * seq_len // 4), seq_len + 1, batch - 1)
+    if not padded:
+        lengths[:] = seq_len
     valid = np.arange(seq_len)[None, :] < lengths[:, None]  # (B, T)
     vocab = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
     ids = rng.integers(1, vocab, (batch, seq_len)) if vocab > 1 else np.ones((batch, seq_len), np.int64)

@@ -95,6 +95,7 @@ def markdown(results: dict[str, Any]) -> str:
             ],
         )  # fmt: skip
 
+    out += _baseline_markdown(results.get("baseline"))
     out += _sweep_markdown(results.get("sweep"))
     out += _memory_markdown(results.get("memory"))
     out += _compile_markdown(results.get("compile"))
@@ -121,6 +122,32 @@ def _row_notes(row: dict[str, Any]) -> str:
     if row.get("ours_compile_s") is not None:
         notes.append(f"compile: ours {row['ours_compile_s']:.2f} s, theirs {row['theirs_compile_s']:.2f} s")
     return "; ".join(notes)
+
+
+def _baseline_markdown(baseline: dict[str, Any] | None) -> list[str]:
+    if not baseline:
+        return []
+    out = [
+        f"## Before and after the redesign: ours now against ours at {baseline['commit']}, same run",
+        "",
+        "Each version in its own worker process (bench/worker.py, the same harness for both), built from "
+        "the same seeded weights and batch; the rounds alternate between the two, and each worker times "
+        "its own call. Ratio: the median of the per-round ratios now / before.",
+        "",
+    ]
+    if baseline.get("error"):
+        return [*out, "error: " + baseline["error"], ""]
+    rows = []
+    for r in baseline["rows"]:
+        if "error" in r:
+            rows.append(
+                [r["framework"], r["comparison"], r["size"], r["shape"], "error: " + r["error"][-300:], "", "", ""]
+            )
+            continue
+        rows.append([r["framework"], r["comparison"], r["size"], r["shape"], _ms(r["now_ms"]), _ms(r["before_ms"]),
+                     _ratio(r["ratio"]), f"{r['max_abs_diff']:.1e}"])  # fmt: skip
+    out += _table(["backend", "what", "size", "B x T", "now ms", "before ms", "ratio now/before", "max abs diff"], rows)
+    return out
 
 
 def _sweep_markdown(sweep: dict[str, Any] | None) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 from . import report, targets
 from .timing import Budget
 
-SECTIONS = ("torch", "jax", "numpy", "bert", "sweep", "memory", "compile", "training", "breakdown")
+SECTIONS = ("torch", "jax", "numpy", "bert", "sweep", "memory", "compile", "training", "breakdown", "baseline")
 RESULTS_DIR = os.path.join(os.path.dirname(__file__), "results")
 
 
@@ -37,6 +37,7 @@ class Plan:
         self.compile = ("bert-base", 8, 128)
         self.training = [("tiny", 8, 16)]
         self.breakdown = ("base", 8, 128) if quick else ("bert-base", 8, 128)
+        self.baseline = (self.sizes, 8, 128)  # ours now against ours at --baseline, in worker processes
 
 
 def _versions() -> str:
@@ -103,9 +104,12 @@ def wait_for_idle(limit_s: float, threshold: float = 0.10) -> float | None:
         print(f"[bench] other processes use {100 * share['others']:.0f}% of the CPUs: waiting", flush=True)
 
 
-def run_sections(plan: Plan, sections: list[str], results: dict[str, Any], wait_idle_s: float = 0.0) -> None:
+def run_sections(
+    plan: Plan, sections: list[str], results: dict[str, Any], wait_idle_s: float = 0.0, baseline: str = ""
+) -> None:
     from . import fresh_process
     from . import sections as timed
+    from .baseline import BASELINE_COMMIT, baseline_section
     from .breakdown import breakdown_section
 
     memory_names = list(fresh_process.MEMORY_IMPLEMENTATIONS)
@@ -121,6 +125,9 @@ def run_sections(plan: Plan, sections: list[str], results: dict[str, Any], wait_
         "compile": lambda: results.__setitem__("compile", fresh_process.compile_section(*plan.compile)),
         "training": lambda: results.__setitem__("training", timed.training_section(plan.training, plan.budget)),
         "breakdown": lambda: results.__setitem__("breakdown", breakdown_section(*plan.breakdown, plan.budget)),
+        "baseline": lambda: results.__setitem__(
+            "baseline", baseline_section(*plan.baseline, plan.budget, baseline or BASELINE_COMMIT)
+        ),
     }
     for name in sections:
         if wait_idle_s > 0:
@@ -152,6 +159,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         metavar="SECONDS",
         help="before each section, wait up to SECONDS for other processes to leave the CPUs (shared machines)",
     )
+    parser.add_argument(
+        "--baseline",
+        default="",
+        metavar="COMMIT",
+        help="the commit the 'baseline' section times ours against (default: 350f1b0, before issue 11's redesign)",
+    )
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(sections) - set(SECTIONS))
@@ -167,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     results: dict[str, Any] = {"meta": {}, "rows": [], "skipped": {}}
     load_start = _load()
-    run_sections(plan, sections, results, args.wait_idle)
+    run_sections(plan, sections, results, args.wait_idle, args.baseline)
     results["targets"] = targets.evaluate(results)
     results["meta"] |= {
         "date": time.strftime("%Y-%m-%d %H:%M"),

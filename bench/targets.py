@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-TORCH_RATIO, JAX_RATIO, NUMPY_RATIO = 1.10, 1.10, 1.5
+# issue 11: torch <= 1.00x nn.Transformer* at base and BERT-base, <= 1.10x at tiny (per-call
+# overhead dominates there); JAX <= 1.00x the Flax-NNX-built model; nothing slower than before.
+TORCH_RATIO, TORCH_TINY_RATIO, JAX_RATIO, NUMPY_RATIO, BERT_RATIO = 1.00, 1.10, 1.00, 1.5, 1.10
+BASELINE_RATIO = 1.00
 MATMUL_FRACTION = 0.70
 COMPILE_S = 3.0
 MEMORY_RATIO = 1.5
@@ -33,14 +36,19 @@ def _breakdown_text(breakdown: list[dict[str, Any]], section: str) -> str:
     return ("components slower than the framework's own (breakdown): " + "; ".join(parts)) if parts else ""
 
 
-def _ratio_target(name, rows, section, limit, limits_text) -> dict[str, Any] | None:
+def _ratio_target(name, rows, section, limit, limits_text, tiny_limit=None) -> dict[str, Any] | None:
+    """``limit`` for every size, or ``tiny_limit`` at the tiny size when given."""
     measured = _binding_ratios(rows, section)
     if not measured:
         return None
+
+    def limit_of(what: str) -> float:
+        return tiny_limit if tiny_limit is not None and what.endswith(", tiny") else limit
+
     return {
         "target": name,
         "measured": "; ".join(f"{what}: {ratio:.2f}x ({theirs})" for what, ratio, theirs in measured),
-        "met": all(ratio <= limit for _, ratio, _ in measured),
+        "met": all(ratio <= limit_of(what) for what, ratio, _ in measured),
         "limits": limits_text,
     }
 
@@ -49,19 +57,25 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows, breakdown = results.get("rows", []), results.get("breakdown", [])
     targets = []
     small = "at small sizes (tiny) the time is per-call overhead: Python, input checks, many small ops"
-    torch_limits = "; ".join(filter(None, [_breakdown_text(breakdown, "torch"), small]))
+    nested = (
+        "on a padded batch nn.TransformerEncoder's fast path packs the real tokens into nested tensors and "
+        "skips the padded positions (13.5% of this batch), whose outputs ours computes (they are defined and "
+        "held equal across backends): the 'no padding' rows compare the same work"
+    )
+    torch_limits = "; ".join(filter(None, [_breakdown_text(breakdown, "torch"), nested, small]))
     numpy_limits = "; ".join(filter(None, [_breakdown_text(breakdown, "numpy"), small]))
     jax_limits = (
         "both run as one XLA program; what differs is the attention written out (masked softmax with "
         "-inf fill, isfinite and empty-row guards) against Flax's dot_product_attention"
     )
     for target in (
-        _ratio_target(f"torch <= {TORCH_RATIO:.2f}x nn.Transformer / nn.TransformerEncoder "
-                      "(against the faster of fast path on / off)", rows, "torch", TORCH_RATIO, torch_limits),
+        _ratio_target(f"torch <= {TORCH_RATIO:.2f}x nn.Transformer / nn.TransformerEncoder, <= "
+                      f"{TORCH_TINY_RATIO:.2f}x at tiny (against the faster of fast path on / off)",
+                      rows, "torch", TORCH_RATIO, torch_limits, TORCH_TINY_RATIO),
         _ratio_target(f"JAX <= {JAX_RATIO:.2f}x the Flax-NNX-built encoder", rows, "jax", JAX_RATIO, jax_limits),
         _ratio_target(f"NumPy <= {NUMPY_RATIO:.1f}x our torch", rows, "numpy", NUMPY_RATIO, numpy_limits),
-        _ratio_target(f"BERT (torch) <= {TORCH_RATIO:.2f}x transformers.BertModel (eager and sdpa)",
-                      rows, "bert", TORCH_RATIO, torch_limits),
+        _ratio_target(f"BERT (torch) <= {BERT_RATIO:.2f}x transformers.BertModel (eager and sdpa)",
+                      rows, "bert", BERT_RATIO, "; ".join(filter(None, [_breakdown_text(breakdown, "torch"), small]))),
     ):  # fmt: skip
         if target is not None:
             targets.append(target)
@@ -107,7 +121,28 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     memory = results.get("memory", {}).get("rows", {})
     if memory:
         targets.append(_memory_target(memory))
+    baseline = results.get("baseline")
+    if baseline and any("ratio" in row for row in baseline["rows"]):
+        targets.append(_baseline_target(baseline))
     return targets
+
+
+def _baseline_target(baseline: dict[str, Any]) -> dict[str, Any]:
+    rows = [row for row in baseline["rows"] if "ratio" in row]
+    slower = [row for row in rows if row["ratio"]["median"] > BASELINE_RATIO]
+    return {
+        "target": f"nothing slower than before the redesign ({baseline['commit']}), same run: "
+        f"now / before <= {BASELINE_RATIO:.2f}x",
+        "measured": "; ".join(
+            f"{row['framework']} {row['comparison']}, {row['size']}: {row['ratio']['median']:.2f}x "
+            f"[{row['ratio']['p25']:.2f}-{row['ratio']['p75']:.2f}]"
+            for row in rows
+        ),
+        "met": not slower,
+        "limits": "slower than before (median of the per-round ratios; the bracket is their 25th-75th "
+        "percentile, a bracket holding 1.00 is within this run's noise): "
+        + ", ".join(f"{row['framework']} {row['comparison']}, {row['size']}" for row in slower),
+    }
 
 
 def _memory_target(memory: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -37,6 +37,8 @@ class Candidate:
     label: str
     framework: str  # "numpy" | "jax" | "torch"
     run: Callable[[], Any]
+    self_timed: bool = False  # run() returns the seconds it measured itself (a worker process: bench.baseline)
+    settle_s: float = 0.0  # pause after a call when another candidate follows (outside the timed region)
 
 
 @dataclasses.dataclass
@@ -66,10 +68,12 @@ def interleaved(candidates: Sequence[Candidate], budget: Budget) -> dict[str, np
         shift = rounds % len(candidates)
         order = list(candidates[shift:]) + list(candidates[:shift])  # rotate: nobody always goes first
         for i, candidate in enumerate(order):
-            times[candidate.label].append(time_call(candidate.run))
+            times[candidate.label].append(candidate.run() if candidate.self_timed else time_call(candidate.run))
             following = order[(i + 1) % len(order)]
             if candidate.framework == "numpy" and following.framework != "numpy":
                 time.sleep(SETTLE_AFTER_NUMPY_S)  # let OpenBLAS's spinning threads go to sleep
+            elif candidate.settle_s and following is not candidate:
+                time.sleep(candidate.settle_s)
         rounds += 1
     return {label: np.asarray(values) for label, values in times.items()}
 
