@@ -19,6 +19,11 @@ What is compared (eval, float32, the same canonical weights loaded into both sid
 * NumPy: our NumPy encoder against our torch encoder.
 * BERT: our ``TransformerEncoderModel`` (torch) against ``transformers.BertModel`` (random
   weights, converted by ``transformer_spec.hf_bert``), attention "eager" and "sdpa".
+* Before and after (``bench/baseline.py``): ours now against ours at an older commit
+  (``--baseline COMMIT``, default 350f1b0, before issue 11's redesign), each in its own
+  worker process (``bench/worker.py``) from its own source tree, rounds interleaved.
+
+Ours runs as users get it: with each backend's fused kernels (``kernels.py``).
 
 How it is measured (``bench/timing.py``): the machine's speed drifts by ~3x over minutes,
 so nothing is compared across time. Within one process the implementations run in
