@@ -483,8 +483,8 @@ PAGES: tuple[Page, ...] = (
             "not apply (attention weights asked for, dropout active, gradients being kept), and the written-out "
             "code runs.",
             "torch registers `F.layer_norm`, `F.gelu`, `F.scaled_dot_product_attention` with q, k and v "
-            "projected by one packed GEMM, and the native encoder-layer op `nn.TransformerEncoderLayer` uses in "
-            "inference. NumPy registers a GELU whose erf is a float32 rational approximation computed block by "
+            "projected by one packed GEMM, and, in inference, a feed-forward network whose activation works in "
+            "place on w_1's output (`torch._addmm_activation`, as `nn.TransformerEncoderLayer`'s fast path). NumPy registers a GELU whose erf is a float32 rational approximation computed block by "
             "block, and an inference attention one batch entry at a time with the softmax in place, so that the "
             "(B, H, T, T) scores never exist at once. JAX registers none: XLA fuses the written-out math, and "
             "`jax.nn.dot_product_attention` computes its softmax in float32, which would break float64 parity.",
@@ -493,7 +493,7 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "kernels.py: fusable, use_fused_kernels, fused_kernels_enabled, fused_kernels, layer_norm, gelu, "
-            "feed_forward, _packed, attention_context, multi_head_attention, _native_mask, encoder_layer",
+            "feed_forward, _packed, attention_context, multi_head_attention",
         ),
         tests=("*test_fast_paths.py::*",),
         notes={
@@ -504,8 +504,6 @@ PAGES: tuple[Page, ...] = (
             "attention_context": "No fused attention kernel here.",
             "multi_head_attention": "No kernel: `jax.nn.dot_product_attention` computes its softmax in "
             "float32 even for float64 inputs, and gives the mean of v where we define 0.",
-            "_native_mask": "No native encoder-layer op here.",
-            "encoder_layer": "No native encoder-layer op here: the written-out layer runs.",
         },
     ),
     Page(
