@@ -39,7 +39,7 @@ def masked_softmax(scores: jax.Array, mask: jax.Array | None) -> jax.Array:
     if mask is not None:
         scores = jnp.where(mask, scores, -jnp.inf)  # (..., T_q, T_k)
     row_max = scores.max(axis=-1, keepdims=True)  # (..., T_q, 1); -inf where nothing is allowed
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # subtracting the max avoids overflow
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1): subtracting the max avoids overflow
     exp = jnp.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
     total = exp.sum(axis=-1, keepdims=True)  # (..., T_q, 1)
     return exp / jnp.where(total > 0, total, 1.0)  # (..., T_q, T_k); empty rows: 0 / 1 = 0, not 0 / 0
@@ -66,6 +66,7 @@ def scaled_dot_product_attention(
     weights before they average v; the returned weights are the softmax's, before it.
     """
     check_attention_inputs(q.shape, k.shape, v.shape)
+    # differs: jax-precision-highest
     scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=jax.lax.Precision.HIGHEST) / math.sqrt(
         q.shape[-1]
     )  # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
@@ -74,6 +75,7 @@ def scaled_dot_product_attention(
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
     record(None, "weights", weights)
     used = weights if dropout is None else dropout(weights)  # (..., T_q, T_k)
+    # differs: jax-precision-highest
     context = jnp.matmul(used, v, precision=jax.lax.Precision.HIGHEST)  # (..., T_q, T_k) @ (..., T_k, d_v)
     return context, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
@@ -99,7 +101,8 @@ def append_to_cache(cached: jax.Array, new: jax.Array, position: int | jax.Array
     are allocated at full size up front. ``dynamic_update_slice`` clamps a start past the
     end instead of raising, so the caller checks the position eagerly.
     """
-    return jax.lax.dynamic_update_slice_in_dim(cached, new, position, axis=axis)  # same shape as cached
+    # differs: jit-static-shapes
+    return jax.lax.dynamic_update_slice_in_dim(cached, new, position, axis=axis)  # (B, H, max_len, d_k) as cached
 
 
 class MultiHeadAttention(nnx.Module):
@@ -119,11 +122,11 @@ class MultiHeadAttention(nnx.Module):
     def split_heads(self, x: jax.Array) -> jax.Array:
         batch, seq_len, _ = x.shape
         x = x.reshape(batch, seq_len, self.num_heads, self.d_k)  # (B, T, H, d_k)
-        return x.transpose(0, 2, 1, 3)  # (B, H, T, d_k)
+        return x.swapaxes(1, 2)  # (B, H, T, d_k)
 
     def merge_heads(self, x: jax.Array) -> jax.Array:
         batch, _, seq_len, _ = x.shape
-        x = x.transpose(0, 2, 1, 3)  # (B, T, H, d_k)
+        x = x.swapaxes(1, 2)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, self.num_heads * self.d_k)  # (B, T, d_model)
 
     @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
@@ -162,7 +165,9 @@ class MultiHeadAttention(nnx.Module):
     def empty_cache(self, batch: int) -> KeyValueCache:
         """The keys and values of no token yet: (B, H, max_len, d_k) zeros each, a fixed-size
         buffer that ``append_to_cache`` writes into (NumPy and torch start from (B, H, 0, d_k))."""
-        empty = jnp.zeros((batch, self.num_heads, self.config.max_len, self.d_k), self.w_k.kernel[...].dtype)
+        empty = jnp.zeros(
+            (batch, self.num_heads, self.config.max_len, self.d_k), self.w_k.kernel[...].dtype
+        )  # (B, H, max_len, d_k)
         return KeyValueCache(empty, empty)  # (B, H, max_len, d_k) each
 
     def extend_cache(self, cache: KeyValueCache, x: jax.Array, position: int | jax.Array) -> KeyValueCache:

@@ -63,7 +63,7 @@ class Dropout(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         if self.deterministic or self.rate == 0:
             return x
-        keep = jax.random.bernoulli(self.rngs(), 1.0 - self.rate, x.shape)  # True with probability 1 - rate
+        keep = jax.random.bernoulli(self.rngs(), 1.0 - self.rate, x.shape)  # (...,) like x: True w.p. 1 - rate
         return jnp.where(keep, x / (1.0 - self.rate), 0.0).astype(x.dtype)  # (...,) like x
 
 

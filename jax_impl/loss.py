@@ -37,5 +37,5 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, pad_id: int, label_smoo
     smooth = -log_probs.mean(axis=-1)  # (B, T): -mean over the vocabulary of log p
     per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth  # (B, T)
     real = targets != pad_id  # (B, T): positions that count
-    count = jnp.maximum(real.sum(), 1)  # all padding: 0 / 1, not 0 / 0
+    count = jnp.maximum(real.sum(), 1)  # (): all padding: 0 / 1, not 0 / 0
     return jnp.where(real, per_token, 0.0).sum() / count  # ()

@@ -88,13 +88,15 @@ class Transformer(nnx.Module):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
         if src_mask is None:
             src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
-        return self.encoder(self.src_embed(src_ids), src_mask, need_weights, need_hidden_states)
+        x = self.src_embed(src_ids)  # (B, T_src, d_model)
+        return self.encoder(x, src_mask, need_weights, need_hidden_states)  # (B, T_src, d_model), ...
 
     def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights."""
         if tgt_mask is None:
             tgt_mask = make_decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
-        return self.decoder(self.tgt_embed(tgt_ids), memory, tgt_mask, memory_mask, need_weights, need_hidden_states)
+        x = self.tgt_embed(tgt_ids)  # (B, T_tgt, d_model)
+        return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)  # (B, T_tgt, d), ...
 
     def check_inputs(
         self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None, return_attentions=False,

@@ -28,10 +28,10 @@ def masked_softmax(scores: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)  # (..., T_q, T_k)
     row_max = scores.max(axis=-1, keepdims=True)  # (..., T_q, 1); -inf where nothing is allowed
-    row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # subtracting the max avoids overflow
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1): subtracting the max avoids overflow
     exp = np.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
     total = exp.sum(axis=-1, keepdims=True)  # (..., T_q, 1)
-    return exp / np.where(total > 0, total, 1.0)  # empty rows: 0 / 1 = 0, not 0 / 0
+    return exp / np.where(total > 0, total, 1.0)  # (..., T_q, T_k): empty rows: 0 / 1 = 0, not 0 / 0
 
 
 def masked_softmax_backward(weights: np.ndarray, grad_weights: np.ndarray) -> np.ndarray:
@@ -182,7 +182,10 @@ class MultiHeadAttention(Module):
         grad_merged, w_o_grads = self.w_o.backward(grad_output)  # (B, T_q, d_model)
         # merge_heads only moves numbers around: its backward is its inverse, split_heads
         grad_context = self.split_heads(grad_merged)  # (B, H, T_q, d_k)
-        grad_q, grad_k, grad_v = scaled_dot_product_attention_backward(q, k, v, weights, grad_context, self.dropout)
+        # (B, H, T_q, d_k), (B, H, T_k, d_k), (B, H, T_k, d_k)
+        grad_q, grad_k, grad_v = scaled_dot_product_attention_backward(
+            q, k, v, weights, grad_context, self.dropout
+        )  # (B, H, T, d_k) each
         # and split_heads' backward is merge_heads
         grad_query, w_q_grads = self.w_q.backward(self.merge_heads(grad_q))  # (B, T_q, d_model)
         grad_key, w_k_grads = self.w_k.backward(self.merge_heads(grad_k))  # (B, T_k, d_model)
@@ -198,7 +201,7 @@ class MultiHeadAttention(Module):
     def self_attention_backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict]:
         """``backward`` for self-attention, where one x was the query, the key and the value:
         x's gradient is the sum of the three. -> grad_x (B, T, d_model), grads."""
-        (grad_query, grad_key, grad_value), grads = self.backward(grad_output)
+        (grad_query, grad_key, grad_value), grads = self.backward(grad_output)  # (B, T, d_model) x3
         return grad_query + grad_key + grad_value, grads  # (B, T, d_model)
 
     # ---------------------------------------------------------------- decoding with a cache
@@ -245,7 +248,7 @@ class AttentionHead(Module):
         q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k): a head axis of size 1, so 4-D masks broadcast
         k = self.w_k(key)[:, None]  # (B, 1, T_k, d_k)
         v = self.w_v(value)[:, None]  # (B, 1, T_k, d_k)
-        context, weights = scaled_dot_product_attention(q, k, v, mask)
+        context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, 1, T_q, d_k), (B, 1, T_q, T_k)
         return context[:, 0], weights[:, 0]  # (B, T_q, d_k), (B, T_q, T_k)
 
 
@@ -275,4 +278,4 @@ class MultiHeadAttentionLoop(Module):
         outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
         context = np.concatenate([c for c, _ in outputs], axis=-1)  # (B, T_q, d_model)
         weights = np.stack([w for _, w in outputs], axis=1)  # (B, H, T_q, T_k)
-        return self.w_o(context), (weights if need_weights else None)
+        return self.w_o(context), (weights if need_weights else None)  # (B, T_q, d_model), (B, H, T_q, T_k)

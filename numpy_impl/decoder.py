@@ -122,7 +122,7 @@ class DecoderLayer(Module):
             if memory is None:
                 raise ValueError("this decoder has cross-attention and needs memory (the encoder output), got None")
             cross_cache = self.cross_attn.key_value(memory)  # (B, H, T_src, d_k) each
-        return LayerCache(self.self_attn.empty_cache(batch), cross_cache)
+        return LayerCache(self.self_attn.empty_cache(batch), cross_cache)  # (B, H, 0, d_k), (B, H, T_src, d_k)
 
     def step(
         self,
@@ -162,8 +162,10 @@ class DecoderLayer(Module):
 
     def _cross_attention_backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, tuple]:
         """-> grad_h (B, T_tgt, d_model), (grads, grad_memory (B, T_src, d_model))."""
-        (grad_query, grad_key, grad_value), grads = self.cross_attn.backward(grad_output)
-        return grad_query, (grads, grad_key + grad_value)  # the memory was both the key and the value
+        # (B, T_tgt, d_model), (B, T_src, d_model), (B, T_src, d_model)
+        (grad_query, grad_key, grad_value), grads = self.cross_attn.backward(grad_output)  # (B, T, d_model) each
+        # the memory was both the key and the value: its gradient is the sum
+        return grad_query, (grads, grad_key + grad_value)  # (B, T_tgt, d_model), (B, T_src, d_model)
 
 
 def _check_memory(memory: np.ndarray | None, x: np.ndarray, d_model: int) -> None:
@@ -219,10 +221,12 @@ class Decoder(Module):
             grads |= with_prefix("norm", norm_grads)
         grad_memory = None
         for i in reversed(range(len(self.layers))):  # last layer first
-            (grad_output, layer_grad_memory), layer_grads = self.layers[i].backward(grad_output)
+            # (B, T_tgt, d_model), (B, T_src, d_model)
+            (grad_output, layer_grad_memory), layer_grads = self.layers[i].backward(grad_output)  # (B, T, d_model)
             grads |= with_prefix(f"layers.{i}", layer_grads)
             if layer_grad_memory is not None:  # every layer read the same memory: the gradients add up
-                grad_memory = layer_grad_memory if grad_memory is None else grad_memory + layer_grad_memory
+                earlier = 0.0 if grad_memory is None else grad_memory  # (B, T_src, d_model), or 0 at the last layer
+                grad_memory = layer_grad_memory + earlier  # (B, T_src, d_model)
         return (grad_output, grad_memory), grads
 
     def empty_cache(self, batch: int, memory: np.ndarray | None = None) -> tuple[LayerCache, ...]:

@@ -95,13 +95,13 @@ class Embeddings(Module):
         if self.norm is not None:
             grad_output, norm_grads = self.norm.backward(grad_output)  # (B, T, d_model)
         # x is a sum: each term receives grad_output unchanged
-        _, token_grads = self.token.backward(grad_output)
+        _, token_grads = self.token.backward(grad_output)  # (vocab, d_model)
         grads = with_prefix("token", token_grads)
         if self.position is not None:
             # the same (T, d_model) rows were added to every sequence of the batch: sum over it
             _, position_grads = self.position.backward(grad_output.sum(axis=0))  # (T, d_model)
             grads |= with_prefix("position", position_grads)
         if self.token_type is not None:
-            _, type_grads = self.token_type.backward(grad_output)
+            _, type_grads = self.token_type.backward(grad_output)  # (type_vocab, d_model)
             grads |= with_prefix("token_type", type_grads)
         return None, grads | with_prefix("norm", norm_grads)

@@ -16,7 +16,7 @@ from .module import Module, with_prefix
 
 
 def relu(x: np.ndarray) -> np.ndarray:
-    return np.where(x > 0, x, 0.0)  # (written so that its gradient at exactly 0 is 0, as torch's)
+    return np.where(x > 0, x, 0.0)  # (...,): (written so that its gradient at exactly 0 is 0, as torch's)
 
 
 def relu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
@@ -27,7 +27,7 @@ def relu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
 @fusable("gelu")  # speed: a fused kernel may run instead (kernels.py)
 def gelu(x: np.ndarray) -> np.ndarray:
     """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu")."""
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))  # (...,)
 
 
 def gelu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
@@ -39,7 +39,7 @@ def gelu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact one."""
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # (...,)
 
 
 def gelu_tanh_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:

@@ -7,17 +7,17 @@ import numpy as np
 
 def make_padding_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
     """(B, T) ids -> (B, 1, 1, T): every query may look at every non-pad key."""
-    return (ids != pad_id)[:, None, None, :]
+    return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, T)
 
 
 def make_causal_mask(seq_len: int) -> np.ndarray:
     """(1, 1, T, T), lower triangular: position i may look at positions 0..i only."""
-    return np.tril(np.ones((seq_len, seq_len), dtype=bool))[None, None, :, :]
+    return np.tril(np.ones((seq_len, seq_len), dtype=bool))[None, None, :, :]  # (1, 1, T, T)
 
 
 def make_decoder_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
     """Decoder self-attention: causal AND key not padding -> (B, 1, T, T)."""
-    return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1])
+    return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1])  # (B, 1, T, T)
 
 
 def make_cross_attention_mask(src_ids: np.ndarray, pad_id: int) -> np.ndarray:
@@ -26,4 +26,4 @@ def make_cross_attention_mask(src_ids: np.ndarray, pad_id: int) -> np.ndarray:
     It broadcasts over the T_tgt query rows; its last axis is the source length, not
     the target length (the mismatch the seeds' decoder tripped on).
     """
-    return make_padding_mask(src_ids, pad_id)
+    return make_padding_mask(src_ids, pad_id)  # (B, 1, 1, T_src)

@@ -74,13 +74,15 @@ class Transformer(Module):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
         if src_mask is None:
             src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
-        return self.encoder(self.src_embed(src_ids), src_mask, need_weights, need_hidden_states)
+        x = self.src_embed(src_ids)  # (B, T_src, d_model)
+        return self.encoder(x, src_mask, need_weights, need_hidden_states)  # (B, T_src, d_model), ...
 
     def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights."""
         if tgt_mask is None:
             tgt_mask = make_decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
-        return self.decoder(self.tgt_embed(tgt_ids), memory, tgt_mask, memory_mask, need_weights, need_hidden_states)
+        x = self.tgt_embed(tgt_ids)  # (B, T_tgt, d_model)
+        return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)  # (B, T_tgt, d), ...
 
     def check_inputs(
         self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None, return_attentions=False,
@@ -135,11 +137,11 @@ class Transformer(Module):
         (grad_x, grad_tied), generator_grads = self.generator.backward(grad_logits)
         # (B, T_tgt, d_model), (B, T_src, d_model): the memory's gradient summed over the decoder layers
         (grad_x, grad_memory), decoder_grads = self.decoder.backward(grad_x)
-        _, tgt_embed_grads = self.tgt_embed.backward(grad_x)
+        _, tgt_embed_grads = self.tgt_embed.backward(grad_x)  # (tgt_vocab, d_model), ...
         grad_x, encoder_grads = self.encoder.backward(grad_memory)  # (B, T_src, d_model)
-        _, src_embed_grads = self.src_embed.backward(grad_x)
+        _, src_embed_grads = self.src_embed.backward(grad_x)  # (src_vocab, d_model), ...
         if grad_tied is not None:  # tied output: the target table was used twice, its gradients add up
-            tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied
+            tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied  # (tgt_vocab, d_model)
         grads = (
             with_prefix("src_embed", src_embed_grads)
             | with_prefix("encoder", encoder_grads)
@@ -195,9 +197,9 @@ class TransformerLM(Module):
         # (B, T, d_model), and (tgt_vocab, d_model) when the output is tied to the table
         (grad_x, grad_tied), generator_grads = self.generator.backward(grad_logits)
         (grad_x, _), decoder_grads = self.decoder.backward(grad_x)  # (B, T, d_model), no memory
-        _, tgt_embed_grads = self.tgt_embed.backward(grad_x)
+        _, tgt_embed_grads = self.tgt_embed.backward(grad_x)  # (tgt_vocab, d_model), ...
         if grad_tied is not None:  # tied output: the table was used twice, its gradients add up
-            tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied
+            tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied  # (tgt_vocab, d_model)
         grads = (
             with_prefix("tgt_embed", tgt_embed_grads)
             | with_prefix("decoder", decoder_grads)

@@ -20,10 +20,10 @@ def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> np.n
     position = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
     two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(d/2),)
     angle = position * np.exp(-math.log(10000.0) * two_i / d_model)  # (max_len, ceil(d/2))
-    pe = np.zeros((max_len, d_model), dtype=np.float64)
-    pe[:, 0::2] = np.sin(angle)
-    pe[:, 1::2] = np.cos(angle[:, : d_model // 2])
-    return pe.astype(dtype)
+    pe = np.zeros((max_len, d_model), dtype=np.float64)  # (max_len, d_model)
+    pe[:, 0::2] = np.sin(angle)  # (max_len, ceil(d/2))
+    pe[:, 1::2] = np.cos(angle[:, : d_model // 2])  # (max_len, floor(d/2))
+    return pe.astype(dtype)  # (max_len, d_model)
 
 
 class SinusoidalPositionalEncoding(Module):

@@ -29,10 +29,10 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     if mask is not None:
         scores = scores.masked_fill(~mask, -math.inf)  # (..., T_q, T_k)
     row_max = scores.amax(dim=-1, keepdim=True)  # (..., T_q, 1); -inf where nothing is allowed
-    row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # subtracting the max avoids overflow
+    row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1): subtracting the max avoids overflow
     exp = torch.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
     total = exp.sum(dim=-1, keepdim=True)  # (..., T_q, 1)
-    return exp / torch.where(total > 0, total, 1.0)  # empty rows: 0 / 1 = 0, not 0 / 0
+    return exp / torch.where(total > 0, total, 1.0)  # (..., T_q, T_k): empty rows: 0 / 1 = 0, not 0 / 0
 
 
 def scaled_dot_product_attention(
@@ -142,8 +142,11 @@ class MultiHeadAttention(nn.Module):
 
     def empty_cache(self, batch: int) -> KeyValueCache:
         """The keys and values of no token yet: (B, H, 0, d_k) each, grown by ``append_to_cache``."""
+        # differs: torch-device  differs: jit-static-shapes
         weight = self.w_k.weight
-        empty = torch.zeros(batch, self.num_heads, 0, self.d_k, dtype=weight.dtype, device=weight.device)
+        empty = torch.zeros(
+            (batch, self.num_heads, 0, self.d_k), dtype=weight.dtype, device=weight.device
+        )  # (B, H, 0, d_k)
         return KeyValueCache(empty, empty)  # (B, H, 0, d_k) each
 
     def extend_cache(self, cache: KeyValueCache, x: torch.Tensor, position: int) -> KeyValueCache:
@@ -178,7 +181,7 @@ class AttentionHead(nn.Module):
         q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k): a head axis of size 1, so 4-D masks broadcast
         k = self.w_k(key)[:, None]  # (B, 1, T_k, d_k)
         v = self.w_v(value)[:, None]  # (B, 1, T_k, d_k)
-        context, weights = scaled_dot_product_attention(q, k, v, mask)
+        context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, 1, T_q, d_k), (B, 1, T_q, T_k)
         return context[:, 0], weights[:, 0]  # (B, T_q, d_k), (B, T_q, T_k)
 
 
@@ -209,4 +212,4 @@ class MultiHeadAttentionLoop(nn.Module):
         outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
         context = torch.cat([c for c, _ in outputs], dim=-1)  # (B, T_q, d_model)
         weights = torch.stack([w for _, w in outputs], dim=1)  # (B, H, T_q, T_k)
-        return self.w_o(context), (weights if need_weights else None)
+        return self.w_o(context), (weights if need_weights else None)  # (B, T_q, d_model), (B, H, T_q, T_k)

@@ -6,6 +6,7 @@ import math
 
 import torch
 from torch import nn
+from torch.special import erf
 
 from transformer_spec import Config
 from transformer_spec.trace import record
@@ -15,13 +16,13 @@ from .layers import Dropout, Linear
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:
-    return torch.relu(x)  # (...)
+    return torch.where(x > 0, x, 0.0)  # (...)
 
 
 @fusable("gelu")  # speed: a fused kernel may run instead (kernels.py)
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu")."""
-    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))  # (...)
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))  # (...)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:

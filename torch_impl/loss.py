@@ -41,5 +41,5 @@ def cross_entropy(
     per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth  # (B, T)
     real = targets != pad_id  # (B, T): positions that count
     # differs: host-scalars
-    count = real.sum().clamp(min=1)  # all padding: 0 / 1, not 0 / 0
+    count = real.sum().clamp(min=1)  # (): all padding: 0 / 1, not 0 / 0
     return torch.where(real, per_token, 0.0).sum() / count  # ()

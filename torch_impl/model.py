@@ -61,13 +61,15 @@ class Transformer(nn.Module):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
         if src_mask is None:
             src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
-        return self.encoder(self.src_embed(src_ids), src_mask, need_weights, need_hidden_states)
+        x = self.src_embed(src_ids)  # (B, T_src, d_model)
+        return self.encoder(x, src_mask, need_weights, need_hidden_states)  # (B, T_src, d_model), ...
 
     def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights."""
         if tgt_mask is None:
             tgt_mask = make_decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
-        return self.decoder(self.tgt_embed(tgt_ids), memory, tgt_mask, memory_mask, need_weights, need_hidden_states)
+        x = self.tgt_embed(tgt_ids)  # (B, T_tgt, d_model)
+        return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)  # (B, T_tgt, d), ...
 
     def check_inputs(
         self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None, return_attentions=False,
@@ -96,12 +98,12 @@ class Transformer(nn.Module):
     ) -> ModelOutput:
         """Masks left as None are built from the ids and ``config.pad_id``: source padding for
         the encoder and for cross-attention, causal AND target padding for the decoder."""
-        memory, encoder_hidden, encoder_attentions = self.encode(
+        memory, encoder_hidden, encoder_attentions = self.encode(  # (B, T_src, d_model), ...
             src_ids, src_mask, return_attentions, return_hidden_states
         )
         if memory_mask is None:
             memory_mask = make_cross_attention_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
-        x, hidden, self_attentions, cross_attentions = self.decode(
+        x, hidden, self_attentions, cross_attentions = self.decode(  # (B, T_tgt, d_model), ...
             tgt_ids, memory, tgt_mask, memory_mask, return_attentions, return_hidden_states
         )
         return ModelOutput(
@@ -145,10 +147,10 @@ class TransformerLM(nn.Module):
     ) -> ModelOutput:
         if mask is None:
             mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
-        x, hidden, attentions, _ = self.decoder(
+        x, hidden, attentions, _ = self.decoder(  # (B, T, d_model), ...
             self.tgt_embed(ids), None, mask, None, return_attentions, return_hidden_states
         )
-        return ModelOutput(
+        return ModelOutput(  # (B, T, tgt_vocab) logits, ...
             logits=self.generator(x, self.tgt_embed.token.weight),
             last_hidden_state=x,
             hidden_states=hidden,
@@ -209,7 +211,7 @@ class TransformerEncoderModel(nn.Module):
     ) -> ModelOutput:
         if mask is None:
             mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
-        x, hidden, attentions = self.encoder(
+        x, hidden, attentions = self.encoder(  # (B, T, d_model), ...
             self.src_embed(ids, token_type_ids), mask, return_attentions, return_hidden_states
         )
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, d_model)
