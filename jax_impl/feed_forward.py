@@ -53,7 +53,8 @@ class PositionwiseFeedForward(nnx.Module):
 
     @fusable("feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: jax.Array) -> jax.Array:
-        hidden = self.activation(self.w_1(x))  # (B, T, d_model) -> (B, T, d_ff)
+        pre_activation = self.w_1(x)  # (B, T, d_model) -> (B, T, d_ff)
+        hidden = self.activation(pre_activation)  # (B, T, d_ff)
         record(self, "hidden", hidden)
         output = self.w_2(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, d_model)
         record(self, "output", output)

@@ -10,7 +10,6 @@ from transformer_spec.trace import record
 
 from .attention import MultiHeadAttention
 from .feed_forward import PositionwiseFeedForward
-from .kernels import fusable
 from .layer_norm import LayerNorm
 from .layers import Dropout
 from .module import Module, with_prefix
@@ -31,7 +30,6 @@ class EncoderLayer(Module):
         self.self_attn_dropout = Dropout(config.dropout)  # on each sub-layer's output
         self.ffn_dropout = Dropout(config.dropout)
 
-    @fusable("encoder_layer")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(
         self, x: np.ndarray, mask: np.ndarray | None = None, need_weights: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:

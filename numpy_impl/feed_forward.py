@@ -66,6 +66,7 @@ class PositionwiseFeedForward(Module):
         self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
+    @fusable("feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: np.ndarray) -> np.ndarray:
         pre_activation = self.w_1(x)  # (B, T, d_model) -> (B, T, d_ff)
         hidden = self.activation(pre_activation)  # (B, T, d_ff)

@@ -48,7 +48,8 @@ class PositionwiseFeedForward(nn.Module):
 
     @fusable("feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.activation(self.w_1(x))  # (B, T, d_model) -> (B, T, d_ff)
+        pre_activation = self.w_1(x)  # (B, T, d_model) -> (B, T, d_ff)
+        hidden = self.activation(pre_activation)  # (B, T, d_ff)
         record(self, "hidden", hidden)
         output = self.w_2(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, d_model)
         record(self, "output", output)
