@@ -221,7 +221,7 @@ def torch_fast_path_ops(candidate: Candidate) -> tuple[Any, list[str]]:
 @functools.cache
 def jax_encoder_forward():
     """One jitted function for both JAX encoders: the module is an argument (a pytree,
-    its arrays traced), as in jax_impl.model's ``_jit_forward``."""
+    its arrays traced), as jax_impl's ``compiled(model)`` does."""
     import jax
 
     def forward(encoder, x, mask):

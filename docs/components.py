@@ -458,7 +458,7 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "generate.py: DecodingState, PrefixState, make_step_mask, initial_cache, decode_step, select_rows, "
-            "CachedStepper, UncachedStepper, make_stepper, greedy, beam, _to_device",
+            "CachedStepper, UncachedStepper, make_stepper, greedy, beam, _to_device, _to_host",
             "transformer_spec/decoding.py: host_ids, greedy_decode, beam_search",
         ),
         tests=("*test_decoding.py::*",),

@@ -33,8 +33,8 @@ def test_jit_compiled_forward_equals_eager_forward(kind, dtype):
     config = as_kind(VARIANTS["pre-gelu-learned"], kind)
     model = jax_impl.build_model(config, init_params(config, seed=4, dtype=dtype, nonzero_biases=True))
     inputs = [jnp.asarray(x) for x in model_inputs(config, (3, 11, 7, True))]
-    jitted = flatten_output(model(*inputs, return_attentions=True, return_hidden_states=True))
-    eager = flatten_output(model.forward(*inputs, return_attentions=True, return_hidden_states=True))
+    jitted = flatten_output(jax_impl.compiled(model)(*inputs, return_attentions=True, return_hidden_states=True))
+    eager = flatten_output(model(*inputs, return_attentions=True, return_hidden_states=True))
     assert jitted.keys() == eager.keys()
     for name in eager:
         assert_close(np.asarray(jitted[name]), np.asarray(eager[name]), dtype, f"jit vs eager {name}")
