@@ -6,8 +6,14 @@ reason of their own. Timed in the same round, seconds apart, both see the same
 machine: the ratio of their times in one round is what we keep, and we report the
 median of those per-round ratios (and their spread), never a ratio of two medians.
 
-The order rotates every round (A B, B A, A B, ...), so neither side always runs
-second, right after the other warmed the caches.
+The order changes every round, so that no implementation always runs first, nor always
+right after the same other one. A plain rotation is not enough beyond two: rotating
+(A B C M) keeps every successor fixed, so A would always run right after M -- and when M
+is the 1024^3 matmul yardstick, which flushes the caches and leaves the thread pools
+busy, that alone made our tiny torch encoder read 1.24x nn.TransformerEncoder where it
+is 0.95-1.0x. So the rounds follow a Williams design (``round_orders``): over n rounds
+(2n for an odd n) each implementation runs first once and right after each other one
+equally often.
 
 One more trap: after a NumPy call, OpenBLAS's worker threads keep spinning on both
 cores for ~0.1-0.3 s, waiting for more work. Measured here: a 1024^3 torch matmul ran
@@ -62,11 +68,11 @@ def interleaved(candidates: Sequence[Candidate], budget: Budget) -> dict[str, np
     The candidates must already be warm (compiled, caches filled): every call counts.
     """
     times: dict[str, list[float]] = {c.label: [] for c in candidates}
+    orders = round_orders(len(candidates))
     start = time.perf_counter()
     rounds = 0
     while rounds < budget.min_rounds or (rounds < budget.max_rounds and time.perf_counter() - start < budget.seconds):
-        shift = rounds % len(candidates)
-        order = list(candidates[shift:]) + list(candidates[:shift])  # rotate: nobody always goes first
+        order = [candidates[i] for i in orders[rounds % len(orders)]]
         for i, candidate in enumerate(order):
             times[candidate.label].append(candidate.run() if candidate.self_timed else time_call(candidate.run))
             following = order[(i + 1) % len(order)]
@@ -76,6 +82,22 @@ def interleaved(candidates: Sequence[Candidate], budget: Budget) -> dict[str, np
                 time.sleep(candidate.settle_s)
         rounds += 1
     return {label: np.asarray(values) for label, values in times.items()}
+
+
+def round_orders(n: int) -> list[list[int]]:
+    """A Williams design: orders of range(n) in which each i comes first once, and right after
+    each other j equally often (once in n orders for an even n, twice in 2n for an odd n).
+    n = 2: [0, 1], [1, 0]."""
+    first = [0]
+    low, high = 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    orders = [[(i + shift) % n for i in first] for shift in range(n)]
+    return orders if n % 2 == 0 or n == 1 else orders + [order[::-1] for order in orders]
 
 
 @dataclasses.dataclass
