@@ -492,8 +492,8 @@ PAGES: tuple[Page, ...] = (
             "says so. `shared_tests/test_fast_paths.py` holds every kernel equal to the code it replaces.",
         ),
         code=(
-            "kernels.py: fusable, use_fused_kernels, fused_kernels_enabled, fused_kernels, layer_norm, gelu, "
-            "feed_forward, _packed, attention_context, multi_head_attention",
+            "transformer_spec/kernels.py: use_fused_kernels, fused_kernels_enabled, fused_kernels, fusable_in",
+            "kernels.py: KERNELS, fusable, layer_norm, gelu, feed_forward, _packed, attention_context, multi_head_attention",
         ),
         tests=("*test_fast_paths.py::*",),
         notes={

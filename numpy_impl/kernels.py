@@ -3,7 +3,8 @@
 The component files show the math as the paper writes it. A teaching function or forward
 that has a faster equivalent carries one marked line, ``@fusable("gelu")``; while fused
 kernels are enabled (the default; ``use_fused_kernels(False)`` or ``with
-fused_kernels(False):`` switches them off) and no trace is recording, the call goes to the
+fused_kernels(False):`` switches them off, in every backend at once: the switch is
+``transformer_spec.kernels``) and no trace is recording, the call goes to the
 kernel registered here under that name. A kernel returns ``NotImplemented`` when it does
 not apply to a call (weights requested, gradients being kept, float64 where it would cost
 exactness), and the written-out code runs. ``shared_tests/test_fast_paths.py`` holds every
@@ -23,15 +24,13 @@ NumPy's kernels:
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import numpy as np
 
 from transformer_spec.checks import check_attention_inputs, check_attention_projections
-from transformer_spec.trace import is_recording
+from transformer_spec.kernels import fusable_in, fused_kernels, fused_kernels_enabled, use_fused_kernels
 
 from .module import is_grad_enabled
 from .validate import check_mask
@@ -39,46 +38,7 @@ from .validate import check_mask
 __all__ = ["KERNELS", "fusable", "fused_kernels", "fused_kernels_enabled", "use_fused_kernels"]
 
 KERNELS: dict[str, Callable] = {}  # name -> kernel, filled below
-_enabled = [True]  # process-wide, as torch's and JAX's global switches
-
-
-def use_fused_kernels(enabled: bool) -> None:
-    """Switch every fused kernel on (the default) or off (the written-out math everywhere)."""
-    _enabled[0] = bool(enabled)
-
-
-def fused_kernels_enabled() -> bool:
-    return _enabled[0]
-
-
-@contextmanager
-def fused_kernels(enabled: bool) -> Iterator[None]:
-    """``use_fused_kernels(enabled)`` inside the block, the previous setting after it."""
-    previous = _enabled[0]
-    use_fused_kernels(enabled)
-    try:
-        yield
-    finally:
-        _enabled[0] = previous
-
-
-def fusable(name: str) -> Callable[[Callable], Callable]:
-    """Marks a teaching function (or a module's forward) that the kernel ``KERNELS[name]`` may
-    replace: the kernel gets the same arguments and returns the same result, or NotImplemented."""
-
-    def decorate(teaching: Callable) -> Callable:
-        @functools.wraps(teaching)
-        def dispatch(*args, **kwargs):
-            kernel = KERNELS.get(name)
-            if kernel is not None and _enabled[0] and not is_recording():
-                result = kernel(*args, **kwargs)
-                if result is not NotImplemented:
-                    return result
-            return teaching(*args, **kwargs)
-
-        return dispatch
-
-    return decorate
+fusable = fusable_in(KERNELS)  # the decorator of the marked lines: @fusable("gelu")
 
 
 # ----------------------------------------------------------------------------------- gelu
