@@ -64,6 +64,8 @@ class Worker:
         if os.path.realpath(ready[2]) != os.path.realpath(root):
             raise RuntimeError(f"the worker for {root} imported the model code from {ready[2]}")
         self.output = np.load(ready[1])
+        os.remove(ready[1])
+        os.rmdir(os.path.dirname(ready[1]))
 
     def run(self) -> float:
         self.process.stdin.write("run\n")
