@@ -8,7 +8,8 @@ worktree add`` checks the commit out into a temporary directory, and two worker 
 seeded weights and batch; the rounds alternate between them in rotating order, as the
 in-process comparisons do. Each worker measures its own call (no pipe in the timed region)
 and imports the model code of its own tree only; the harness, worker.py, is the same file
-for both. A worker idles on a blocking read while the other runs.
+for both. A worker idles on a blocking read while the other runs. Two pairs of workers per
+comparison, started in alternate order (``PAIRS``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ BASELINE_COMMIT = "350f1b0"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 SETTLE_BETWEEN_PROCESSES_S = 0.05  # let one worker's thread pool go idle before the other starts
+# Two processes running the *same* compiled JAX program differ by up to ~7% (memory placement,
+# which one started first), steadily for the life of the pair: so each comparison uses PAIRS
+# pairs of fresh workers, started in alternate order, and pools their rounds.
+PAIRS = 2
 # what -> (framework, the comparison's name), as worker.py builds them
 WHAT = {
     "torch-encoder": ("torch", "encoder stack"),
@@ -87,6 +92,25 @@ class Worker:
         return self.log.read()[-4000:]
 
 
+def _time_pair(roots, what, size, batch, seq_len, framework, budget, times) -> dict[str, np.ndarray]:
+    """One pair of workers, started in the order of ``roots`` (label -> source tree), timed
+    interleaved; their times are appended to ``times`` -> their outputs."""
+    workers = {}
+    try:
+        for label, root in roots.items():
+            workers[label] = Worker(root, what, size, batch, seq_len)
+        candidates = [
+            Candidate(label, framework, worker.run, self_timed=True, settle_s=SETTLE_BETWEEN_PROCESSES_S)
+            for label, worker in workers.items()
+        ]
+        for label, values in interleaved(candidates, budget).items():
+            times[label] += list(values)
+        return {label: worker.output for label, worker in workers.items()}
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+
 def baseline_section(
     sizes: Sequence[str], batch: int, seq_len: int, budget: Budget, commit: str = BASELINE_COMMIT
 ) -> dict[str, Any]:
@@ -103,24 +127,21 @@ def baseline_section(
                 continue  # BERT has no decoder
             row = {"what": what, "framework": framework, "comparison": comparison, "size": size,
                    "shape": f"{batch}x{seq_len}"}  # fmt: skip
-            workers = []
+            times: dict[str, list[float]] = {"now": [], "before": []}
             try:
-                workers = [Worker(REPO, what, size, batch, seq_len), Worker(before_root, what, size, batch, seq_len)]
-                now, before = (
-                    Candidate(label, framework, worker.run, self_timed=True, settle_s=SETTLE_BETWEEN_PROCESSES_S)
-                    for label, worker in zip(("now", "before"), workers, strict=True)
-                )
-                times = interleaved([now, before], budget)
+                for pair in range(PAIRS):
+                    roots = {"now": REPO, "before": before_root}
+                    if pair % 2:  # the other start order: which process starts first is one more bias
+                        roots = dict(reversed(roots.items()))
+                    outputs = _time_pair(roots, what, size, batch, seq_len, framework, budget, times)
                 row |= {
                     "now_ms": 1e3 * float(np.median(times["now"])),
                     "before_ms": 1e3 * float(np.median(times["before"])),
-                    "ratio": Ratio.of(times["now"], times["before"]).to_dict(),
-                    "max_abs_diff": float(np.abs(workers[0].output - workers[1].output).max()),
+                    "ratio": Ratio.of(np.asarray(times["now"]), np.asarray(times["before"])).to_dict(),
+                    "max_abs_diff": float(np.abs(outputs["now"] - outputs["before"]).max()),
+                    "pairs": PAIRS,
                 }
             except (RuntimeError, OSError, ValueError) as error:
                 row["error"] = str(error)
-            finally:
-                for worker in workers:
-                    worker.close()
             rows.append(row)
     return {"commit": commit, "rows": rows}

@@ -132,7 +132,9 @@ def _baseline_markdown(baseline: dict[str, Any] | None) -> list[str]:
         "",
         "Each version in its own worker process (bench/worker.py, the same harness for both), built from "
         "the same seeded weights and batch; the rounds alternate between the two, and each worker times "
-        "its own call. Ratio: the median of the per-round ratios now / before.",
+        "its own call; two pairs of workers, started in alternate order, their rounds pooled (two processes "
+        "running the same compiled JAX program differ by up to ~7% for their whole life). Ratio: the median "
+        "of the per-round ratios now / before.",
         "",
     ]
     if baseline.get("error"):
