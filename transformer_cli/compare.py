@@ -145,10 +145,11 @@ def _label(backend: str, dtype: str, mode: str, both: bool) -> str:
 
 
 def _forward(backend, model, inputs):
+    run = backend.impl.compiled(model)  # JAX: one jit-compiled program; NumPy and torch: the model itself
     if backend.name == "torch":
         with backend.torch.no_grad():
-            return model(*inputs)
-    return model(*inputs)
+            return run(*inputs)
+    return run(*inputs)
 
 
 def _cast(params: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
