@@ -1,14 +1,10 @@
 """Speed, in one place: the fused kernels torch runs instead of the written-out math.
 
-The component files show the math as the paper writes it. A teaching function or forward
-that has a faster equivalent carries one marked line, ``@fusable("gelu")``; while fused
-kernels are enabled (the default; ``use_fused_kernels(False)`` or ``with
-fused_kernels(False):`` switches them off, in every backend at once: the switch is
-``transformer_spec.kernels``) and no trace is recording, the call goes to the
-kernel registered here under that name. A kernel returns ``NotImplemented`` when it does
-not apply to a call (weights requested, gradients being kept, float64 where it would cost
-exactness), and the written-out code runs. ``shared_tests/test_fast_paths.py`` holds every
-kernel equal to the code it replaces.
+The component files show the math; a teaching function or forward with a faster equivalent
+carries one marked line, ``@fusable(name)``, and the kernel registered here under that name
+runs instead while fused kernels are enabled (``transformer_spec.kernels`` has the switch and
+how a call is dispatched). ``shared_tests/test_fast_paths.py`` holds every kernel equal to the
+code it replaces.
 
 torch's kernels:
 
