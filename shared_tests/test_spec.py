@@ -26,12 +26,12 @@ def test_d_model_not_divisible_by_heads_is_refused_with_both_numbers():
 @pytest.mark.parametrize(
     "changes, words",
     [
-        ({"activation": "swish"}, "activation must be one of ['relu', 'gelu', 'gelu_tanh'], got 'swish'"),
+        ({"activation": "swish"}, "activation must be one of ['relu', 'gelu', 'gelu_tanh', 'silu'], got 'swish'"),
         ({"positional": "rope"}, "positional must be one of"),
         ({"kind": "seq2seq"}, "kind must be one of"),
         ({"d_ff": 0}, "d_ff must be a positive integer, got 0"),
         ({"num_heads": 2.0}, "num_heads must be a positive integer, got 2.0"),
-        ({"layer_norm_eps": 0.0}, "layer_norm_eps must be a positive number"),
+        ({"layer_norm_eps": 0.0}, "layer_norm_eps must be a positive finite number"),
         ({"pad_id": 32000}, "pad_id must be an id in [0, src_vocab_size=32000), got 32000"),
         ({"kind": "encoder_only", "tie_output": True}, "tie_output=True needs a decoder"),
     ],

@@ -11,8 +11,14 @@ import json
 from typing import Any
 
 KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
-POSITIONAL = ("sinusoidal", "learned", "none")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+POSITIONAL = ("sinusoidal", "learned", "rotary", "none")
+NORMS = ("layer_norm", "rms_norm")
+ROPE_LAYOUTS = ("halves", "interleaved")
+SINUSOID_LAYOUTS = ("interleaved", "halves")
+_BOOLS = ("norm_first", "bias", "tie_output", "scale_embeddings", "embedding_norm", "pooler", "gated_ffn",
+          "final_logits_bias", "share_embeddings")  # fmt: skip
+_OPTIONAL_BOOLS = ("encoder_final_norm", "decoder_final_norm", "attention_bias", "ffn_bias")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +46,36 @@ class Config:
         weights, the feed-forward hidden layer and each sub-layer's output before the
         residual addition. The paper trains with 0.1; every preset here has 0.0, so that
         a model computes the same function in training and in inference.
+
+    The modern decoder (Llama, SmolLM2) is the same model with other parts switched in:
+    norm:
+        "layer_norm" (the paper) or "rms_norm": ``x / sqrt(mean(x^2) + eps) * weight``, no
+        mean subtracted and no bias (Zhang & Sennrich, 2019; Llama).
+    gated_ffn:
+        False is the paper's ``act(x W_1) W_2``; True is the gated feed-forward
+        ``(act(x W_gate) * (x W_up)) W_down`` (Shazeer, 2020): SwiGLU with
+        ``activation="silu"`` (Llama), GeGLU with "gelu".
+    positional="rotary", rope_theta, rope_layout:
+        rotary position embedding (Su et al., 2021): each query and key head is rotated by
+        an angle proportional to its position, pair by pair, frequencies theta^(-2i/d_k);
+        nothing is added to the embeddings. ``rope_layout`` says which features form a pair:
+        "halves" (i, i + d_k/2), as HF Llama's ``rotate_half``; "interleaved" (2i, 2i + 1),
+        as GGUF/GGML and GPT-J. The same model in the two layouts differs by a fixed
+        permutation of each head's q and k rows (``transformer_spec.rope``).
+    num_kv_heads:
+        grouped-query attention (Ainslie et al., 2023): keys and values have fewer heads
+        than queries, each shared by num_heads / num_kv_heads query heads (1: multi-query).
+        ``None`` means num_heads (the paper's multi-head attention).
+    attention_bias / ffn_bias:
+        biases of the attention projections / feed-forward layers; ``None`` follows ``bias``.
+    sinusoid_layout:
+        the fixed sinusoids' columns: "interleaved" (the paper: sin, cos, sin, ...) or
+        "halves" (all sines, then all cosines: Marian, fairseq).
+    final_logits_bias:
+        a bias vector added to the logits even when the output projection is tied (Marian).
+    share_embeddings:
+        the encoder-decoder's source and target share one token table (``tgt_embed``'s;
+        Marian, the paper's section 3.4); needs src_vocab_size == tgt_vocab_size.
     """
 
     kind: str = "encoder_decoder"
@@ -65,6 +101,16 @@ class Config:
     pooler: bool = False
     pad_id: int = 0
     dropout: float = 0.0
+    norm: str = "layer_norm"
+    gated_ffn: bool = False
+    num_kv_heads: int | None = None
+    rope_theta: float = 10000.0
+    rope_layout: str = "halves"
+    attention_bias: bool | None = None
+    ffn_bias: bool | None = None
+    sinusoid_layout: str = "interleaved"
+    final_logits_bias: bool = False
+    share_embeddings: bool = False
 
     def __post_init__(self) -> None:
         self._validate()
@@ -74,6 +120,15 @@ class Config:
         _one_of("kind", self.kind, KINDS)
         _one_of("activation", self.activation, ACTIVATIONS)
         _one_of("positional", self.positional, POSITIONAL)
+        _one_of("norm", self.norm, NORMS)
+        _one_of("rope_layout", self.rope_layout, ROPE_LAYOUTS)
+        _one_of("sinusoid_layout", self.sinusoid_layout, SINUSOID_LAYOUTS)
+        for name in _BOOLS:
+            _bool(name, getattr(self, name))
+        for name in _OPTIONAL_BOOLS:
+            if getattr(self, name) is not None:
+                _bool(name, getattr(self, name))
+        _non_negative_int("pad_id", self.pad_id)
         for name in ("d_model", "num_heads", "d_ff", "max_len"):
             _positive_int(name, getattr(self, name))
         for name in ("num_encoder_layers", "num_decoder_layers", "type_vocab_size"):
@@ -93,8 +148,27 @@ class Config:
             _id_in_vocab("pad_id", self.pad_id, "tgt_vocab_size", self.tgt_vocab_size)
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
-        if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
-            raise ValueError(f"layer_norm_eps must be a positive number, got {self.layer_norm_eps!r}")
+        _positive_finite("layer_norm_eps", self.layer_norm_eps)
+        _positive_finite("rope_theta", self.rope_theta)
+        if self.num_kv_heads is not None:
+            _positive_int("num_kv_heads", self.num_kv_heads)
+            if self.num_heads % self.num_kv_heads != 0:
+                raise ValueError(
+                    f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads}): "
+                    "each key/value head serves the same number of query heads"
+                )
+        if self.positional == "rotary" and self.d_k % 2 != 0:
+            raise ValueError(
+                f"positional='rotary' rotates pairs of features, so d_k = d_model / num_heads must be even, "
+                f"got {self.d_model} / {self.num_heads} = {self.d_k}"
+            )
+        if self.share_embeddings and (self.kind != "encoder_decoder" or self.src_vocab_size != self.tgt_vocab_size):
+            raise ValueError(
+                "share_embeddings=True needs kind='encoder_decoder' and src_vocab_size == tgt_vocab_size, got "
+                f"kind={self.kind!r}, src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size}"
+            )
+        if self.final_logits_bias and not self.uses_decoder:
+            raise ValueError(f"final_logits_bias=True needs a decoder, but kind is {self.kind!r}")
         if self.pooler and self.kind != "encoder_only":
             raise ValueError(f"pooler=True needs kind='encoder_only' (BERT's pooler), got kind={self.kind!r}")
         if self.tie_output and not self.uses_decoder:
@@ -105,6 +179,19 @@ class Config:
     def d_k(self) -> int:
         """Features per head (the paper's d_k = d_v = d_model / h)."""
         return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``num_kv_heads``, or num_heads when it is None."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def use_attention_bias(self) -> bool:
+        return self.bias if self.attention_bias is None else self.attention_bias
+
+    @property
+    def use_ffn_bias(self) -> bool:
+        return self.bias if self.ffn_bias is None else self.ffn_bias
 
     @property
     def use_encoder_final_norm(self) -> bool:
@@ -165,6 +252,16 @@ def _positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool (True or False), got {value!r}")
+
+
+def _positive_finite(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
 def _non_negative_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
@@ -216,6 +313,50 @@ PRESETS: dict[str, Config] = {
         type_vocab_size=2,
         embedding_norm=True,
         pooler=True,
+    ),
+    # The modern decoder (Llama, SmolLM2) at the same odd sizes: RMSNorm, SwiGLU, rotary
+    # positions, 9 query heads sharing 3 key/value heads, no biases, pre-norm.
+    "tiny-llama": Config(
+        kind="decoder_only",
+        d_model=54,
+        num_heads=9,
+        num_kv_heads=3,
+        d_ff=37,
+        num_encoder_layers=0,
+        num_decoder_layers=2,
+        tgt_vocab_size=61,
+        max_len=64,
+        norm_first=True,
+        norm="rms_norm",
+        activation="silu",
+        gated_ffn=True,
+        positional="rotary",
+        rope_theta=100000.0,
+        bias=False,
+        scale_embeddings=False,
+    ),
+    # SmolLM2-135M(-Instruct), the real model the GGUF loader reads (transformer_spec.gguf).
+    "smollm2-135m": Config(
+        kind="decoder_only",
+        d_model=576,
+        num_heads=9,
+        num_kv_heads=3,
+        d_ff=1536,
+        num_encoder_layers=0,
+        num_decoder_layers=30,
+        tgt_vocab_size=49152,
+        max_len=8192,
+        norm_first=True,
+        norm="rms_norm",
+        activation="silu",
+        gated_ffn=True,
+        positional="rotary",
+        rope_theta=100000.0,
+        layer_norm_eps=1e-5,
+        bias=False,
+        tie_output=True,
+        scale_embeddings=False,
+        pad_id=0,  # <|endoftext|>: never inside a prompt (a chat's <|im_end|> is, and padding is hidden)
     ),
     # "Attention Is All You Need", Table 3, base model.
     "base": Config(),

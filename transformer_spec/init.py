@@ -38,7 +38,7 @@ def init_params(
         if owner == "" or owner.endswith("norm"):  # a LayerNorm (alone, or inside a model)
             base = 1.0 if leaf == "weight" else 0.0
             value = base + (0.1 * rng.standard_normal(shape) if nonzero_biases else np.zeros(shape))
-        elif leaf == "bias":
+        elif leaf.endswith("bias"):  # a Linear's bias, or the generator's logits_bias
             value = 0.1 * rng.standard_normal(shape) if nonzero_biases else np.zeros(shape)
         elif owner in ("token", "position", "token_type"):
             std = config.d_model**-0.5 if config.scale_embeddings else 0.02

@@ -38,11 +38,24 @@ def layer_norm_schema(config: Config, prefix: str = "") -> Schema:
     return schema
 
 
+def rms_norm_schema(config: Config, prefix: str = "") -> Schema:
+    return {_join(prefix, "weight"): (config.d_model,)}  # a scale only: no mean, no bias
+
+
+def norm_schema(config: Config, prefix: str = "") -> Schema:
+    """The normalisation ``config.norm`` names, wherever a layer has one."""
+    return rms_norm_schema(config, prefix) if config.norm == "rms_norm" else layer_norm_schema(config, prefix)
+
+
 def attention_schema(config: Config, prefix: str = "") -> Schema:
-    schema: Schema = {}
-    for name in ("w_q", "w_k", "w_v", "w_o"):
-        schema |= linear_schema(_join(prefix, name), config.d_model, config.d_model, config.bias)
-    return schema
+    """q and o have num_heads heads of d_k; k and v have num_kv_heads (grouped-query attention)."""
+    d_q, d_kv, bias = config.num_heads * config.d_k, config.kv_heads * config.d_k, config.use_attention_bias
+    return (
+        linear_schema(_join(prefix, "w_q"), config.d_model, d_q, bias)
+        | linear_schema(_join(prefix, "w_k"), config.d_model, d_kv, bias)
+        | linear_schema(_join(prefix, "w_v"), config.d_model, d_kv, bias)
+        | linear_schema(_join(prefix, "w_o"), d_q, config.d_model, bias)
+    )
 
 
 def attention_heads_schema(config: Config, prefix: str = "") -> Schema:
@@ -56,20 +69,36 @@ def attention_heads_schema(config: Config, prefix: str = "") -> Schema:
 
 
 def feed_forward_schema(config: Config, prefix: str = "") -> Schema:
-    return linear_schema(_join(prefix, "w_1"), config.d_model, config.d_ff, config.bias) | linear_schema(
-        _join(prefix, "w_2"), config.d_ff, config.d_model, config.bias
+    return linear_schema(_join(prefix, "w_1"), config.d_model, config.d_ff, config.use_ffn_bias) | linear_schema(
+        _join(prefix, "w_2"), config.d_ff, config.d_model, config.use_ffn_bias
     )
+
+
+def gated_feed_forward_schema(config: Config, prefix: str = "") -> Schema:
+    bias = config.use_ffn_bias
+    return (
+        linear_schema(_join(prefix, "w_gate"), config.d_model, config.d_ff, bias)
+        | linear_schema(_join(prefix, "w_up"), config.d_model, config.d_ff, bias)
+        | linear_schema(_join(prefix, "w_down"), config.d_ff, config.d_model, bias)
+    )
+
+
+def ffn_schema(config: Config, prefix: str = "") -> Schema:
+    """The feed-forward network a layer has: gated (SwiGLU, GeGLU) or the paper's."""
+    return gated_feed_forward_schema(config, prefix) if config.gated_ffn else feed_forward_schema(config, prefix)
 
 
 def embeddings_schema(config: Config, prefix: str = "", vocab_size: int | None = None) -> Schema:
     vocab = vocab_size if vocab_size is not None else _embedding_vocab(config, prefix)
     schema: Schema = {_join(prefix, "token.weight"): (vocab, config.d_model)}
+    if config.share_embeddings and prefix.endswith("src_embed"):
+        schema = {}  # the source reads the target's table (``tgt_embed.token.weight``)
     if config.positional == "learned":
         schema[_join(prefix, "position.weight")] = (config.max_len, config.d_model)
     if config.type_vocab_size > 0:
         schema[_join(prefix, "token_type.weight")] = (config.type_vocab_size, config.d_model)
     if config.embedding_norm:
-        schema |= layer_norm_schema(config, _join(prefix, "norm"))
+        schema |= norm_schema(config, _join(prefix, "norm"))
     return schema
 
 
@@ -80,24 +109,20 @@ def _embedding_vocab(config: Config, prefix: str) -> int:
 def encoder_layer_schema(config: Config, prefix: str = "") -> Schema:
     return (
         attention_schema(config, _join(prefix, "self_attn"))
-        | layer_norm_schema(config, _join(prefix, "self_attn_norm"))
-        | feed_forward_schema(config, _join(prefix, "ffn"))
-        | layer_norm_schema(config, _join(prefix, "ffn_norm"))
+        | norm_schema(config, _join(prefix, "self_attn_norm"))
+        | ffn_schema(config, _join(prefix, "ffn"))
+        | norm_schema(config, _join(prefix, "ffn_norm"))
     )
 
 
 def decoder_layer_schema(config: Config, prefix: str = "") -> Schema:
-    schema = attention_schema(config, _join(prefix, "self_attn")) | layer_norm_schema(
+    schema = attention_schema(config, _join(prefix, "self_attn")) | norm_schema(
         config, _join(prefix, "self_attn_norm")
     )
     if config.decoder_has_cross_attention:
         schema |= attention_schema(config, _join(prefix, "cross_attn"))
-        schema |= layer_norm_schema(config, _join(prefix, "cross_attn_norm"))
-    return (
-        schema
-        | feed_forward_schema(config, _join(prefix, "ffn"))
-        | layer_norm_schema(config, _join(prefix, "ffn_norm"))
-    )
+        schema |= norm_schema(config, _join(prefix, "cross_attn_norm"))
+    return schema | ffn_schema(config, _join(prefix, "ffn")) | norm_schema(config, _join(prefix, "ffn_norm"))
 
 
 def encoder_schema(config: Config, prefix: str = "") -> Schema:
@@ -105,7 +130,7 @@ def encoder_schema(config: Config, prefix: str = "") -> Schema:
     for i in range(config.num_encoder_layers):
         schema |= encoder_layer_schema(config, _join(prefix, f"layers.{i}"))
     if config.use_encoder_final_norm:
-        schema |= layer_norm_schema(config, _join(prefix, "norm"))
+        schema |= norm_schema(config, _join(prefix, "norm"))
     return schema
 
 
@@ -114,7 +139,7 @@ def decoder_schema(config: Config, prefix: str = "") -> Schema:
     for i in range(config.num_decoder_layers):
         schema |= decoder_layer_schema(config, _join(prefix, f"layers.{i}"))
     if config.use_decoder_final_norm:
-        schema |= layer_norm_schema(config, _join(prefix, "norm"))
+        schema |= norm_schema(config, _join(prefix, "norm"))
     return schema
 
 
@@ -131,14 +156,18 @@ def model_schema(config: Config, prefix: str = "") -> Schema:
         schema |= decoder_schema(config, _join(prefix, "decoder"))
         if not config.tie_output:
             schema |= linear_schema(_join(prefix, "generator.proj"), config.d_model, config.tgt_vocab_size, config.bias)
+        if config.final_logits_bias:
+            schema[_join(prefix, "generator.logits_bias")] = (config.tgt_vocab_size,)
     return schema
 
 
 COMPONENTS: dict[str, Callable[..., Schema]] = {
     "layer_norm": layer_norm_schema,
+    "rms_norm": rms_norm_schema,
     "attention": attention_schema,
     "attention_heads": attention_heads_schema,
     "feed_forward": feed_forward_schema,
+    "gated_feed_forward": gated_feed_forward_schema,
     "embeddings": embeddings_schema,
     "encoder_layer": encoder_layer_schema,
     "decoder_layer": decoder_layer_schema,
