@@ -17,7 +17,7 @@ NORMS = ("layer_norm", "rms_norm")
 ROPE_LAYOUTS = ("halves", "interleaved")
 SINUSOID_LAYOUTS = ("interleaved", "halves")
 _BOOLS = ("norm_first", "bias", "tie_output", "scale_embeddings", "embedding_norm", "pooler", "gated_ffn",
-          "final_logits_bias", "share_embeddings")  # fmt: skip
+          "final_logits_bias")  # fmt: skip
 _OPTIONAL_BOOLS = ("encoder_final_norm", "decoder_final_norm", "attention_bias", "ffn_bias")
 
 
@@ -73,9 +73,6 @@ class Config:
         "halves" (all sines, then all cosines: Marian, fairseq).
     final_logits_bias:
         a bias vector added to the logits even when the output projection is tied (Marian).
-    share_embeddings:
-        the encoder-decoder's source and target share one token table (``tgt_embed``'s;
-        Marian, the paper's section 3.4); needs src_vocab_size == tgt_vocab_size.
     """
 
     kind: str = "encoder_decoder"
@@ -110,7 +107,6 @@ class Config:
     ffn_bias: bool | None = None
     sinusoid_layout: str = "interleaved"
     final_logits_bias: bool = False
-    share_embeddings: bool = False
 
     def __post_init__(self) -> None:
         self._validate()
@@ -161,11 +157,6 @@ class Config:
             raise ValueError(
                 f"positional='rotary' rotates pairs of features, so d_k = d_model / num_heads must be even, "
                 f"got {self.d_model} / {self.num_heads} = {self.d_k}"
-            )
-        if self.share_embeddings and (self.kind != "encoder_decoder" or self.src_vocab_size != self.tgt_vocab_size):
-            raise ValueError(
-                "share_embeddings=True needs kind='encoder_decoder' and src_vocab_size == tgt_vocab_size, got "
-                f"kind={self.kind!r}, src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size}"
             )
         if self.final_logits_bias and not self.uses_decoder:
             raise ValueError(f"final_logits_bias=True needs a decoder, but kind is {self.kind!r}")

@@ -91,8 +91,6 @@ def ffn_schema(config: Config, prefix: str = "") -> Schema:
 def embeddings_schema(config: Config, prefix: str = "", vocab_size: int | None = None) -> Schema:
     vocab = vocab_size if vocab_size is not None else _embedding_vocab(config, prefix)
     schema: Schema = {_join(prefix, "token.weight"): (vocab, config.d_model)}
-    if config.share_embeddings and prefix.endswith("src_embed"):
-        schema = {}  # the source reads the target's table (``tgt_embed.token.weight``)
     if config.positional == "learned":
         schema[_join(prefix, "position.weight")] = (config.max_len, config.d_model)
     if config.type_vocab_size > 0:
