@@ -10,7 +10,7 @@ from transformer_spec import Config
 from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
-from .layer_norm import LayerNorm
+from .layer_norm import make_norm
 from .layers import Dropout
 from .module import Module, with_prefix
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -53,7 +53,7 @@ class Embeddings(Module):
             vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
         self.vocab_size = vocab_size
         self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
-        self.position = None  # positional == "none": a bag of words (permutation-equivariant)
+        self.position = None  # "rotary": in the attention; "none": a bag of words (permutation-equivariant)
         if config.positional == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(config, dtype)
         elif config.positional == "learned":
@@ -61,7 +61,7 @@ class Embeddings(Module):
         self.token_type = (
             TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
         )
-        self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
+        self.norm = make_norm(config, dtype) if config.embedding_norm else None
         self.dropout = Dropout(config.dropout)
 
     def __call__(self, ids: np.ndarray, token_type_ids: np.ndarray | None = None, offset: int = 0) -> np.ndarray:

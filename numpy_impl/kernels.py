@@ -72,8 +72,13 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
         return NotImplemented  # the weights are wanted, kept for the backward, or dropped out
     check_attention_projections(query.shape, key.shape, value.shape, module.config.d_model)
     q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
-    k = module.split_heads(module.w_k(key))  # (B, H, T_k, d_k)
-    v = module.split_heads(module.w_v(value))  # (B, H, T_k, d_k)
+    k = module.split_heads(module.w_k(key))  # (B, H_kv, T_k, d_k)
+    v = module.split_heads(module.w_v(value))  # (B, H_kv, T_k, d_k)
+    if module.rotary is not None:
+        q, k = module.rotary(q), module.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
+    groups = module.num_heads // module.num_kv_heads
+    if groups > 1:  # grouped-query attention: query head h reads kv head h // groups
+        k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)  # (B, H, T_k, d_k) each
     check_attention_inputs(q.shape, k.shape, v.shape)
     check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
     context = np.empty_like(q)  # (B, H, T_q, d_k)

@@ -55,3 +55,45 @@ class LayerNorm(Module):
         mean_grad_x_hat = (grad_x_hat * x_hat).mean(axis=-1, keepdims=True)  # (..., 1): through the variance
         grad_x = (grad_x_hat - mean_grad - x_hat * mean_grad_x_hat) / std  # (..., d_model)
         return grad_x, grads
+
+
+class RMSNorm(Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` (Zhang & Sennrich, 2019; Llama, SmolLM2).
+
+    LayerNorm without the mean: the vector is rescaled to unit root-mean-square, not
+    centred, and there is no bias. Cheaper, and as good in practice. eps sits inside the
+    square root, as in LayerNorm (and HF's ``LlamaRMSNorm``, which computes it in float32).
+    """
+
+    schema = "rms_norm"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.config = config
+        self.eps = float(config.layer_norm_eps)
+        self.weight = np.ones((config.d_model,), dtype)
+
+    @fusable("rms_norm")  # speed: a fused kernel may run instead (kernels.py)
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        rms = np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # (..., 1)
+        x_hat = x / rms  # (..., d_model)
+        y = x_hat * self.weight  # (..., d_model)
+        self.keep(x_hat=x_hat, rms=rms)  # differs: numpy-autograd
+        record(self, "output", y)
+        return y
+
+    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """grad_output (..., d_model) -> grad_x (..., d_model), {"weight": (d_model,)}."""
+        x_hat, rms = self.saved.x_hat, self.saved.rms  # (..., d_model), (..., 1)
+        leading = tuple(range(grad_output.ndim - 1))  # the axes the per-feature weight is shared over
+        grads = {"weight": (grad_output * x_hat).sum(axis=leading)}  # (d_model,)
+        grad_x_hat = grad_output * self.weight  # (..., d_model)
+        # x_hat = x / rms with d rms / dx = x / (d * rms) = x_hat / d: the LayerNorm formula
+        # without the mean's term, dx = (dx_hat - x_hat * mean(dx_hat * x_hat)) / rms
+        mean_grad_x_hat = (grad_x_hat * x_hat).mean(axis=-1, keepdims=True)  # (..., 1): through the rms
+        grad_x = (grad_x_hat - x_hat * mean_grad_x_hat) / rms  # (..., d_model)
+        return grad_x, grads
+
+
+def make_norm(config: Config, dtype: str = "float32") -> LayerNorm | RMSNorm:
+    """The normalisation ``config.norm`` names: LayerNorm (the paper, BERT, GPT-2) or RMSNorm (Llama)."""
+    return RMSNorm(config, dtype) if config.norm == "rms_norm" else LayerNorm(config, dtype)

@@ -27,16 +27,20 @@ class Generator(Module):
     """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
     target embedding table, transposed (paper, section 3.4), and has no weights of its own.
     The model passes that table in on each call rather than the generator keeping a second
-    reference to it (which JAX would see as two separate arrays)."""
+    reference to it (which JAX would see as two separate arrays). With ``final_logits_bias``
+    a bias vector is added to the logits, tied or not (Marian)."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
+        self.logits_bias = np.zeros((config.tgt_vocab_size,), dtype) if config.final_logits_bias else None
 
     def __call__(self, x: np.ndarray, embedding: np.ndarray) -> np.ndarray:
         if self.proj is None:
             logits = x @ embedding.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
         else:
             logits = self.proj(x)  # (B, T, V)
+        if self.logits_bias is not None:
+            logits = logits + self.logits_bias  # (B, T, V)
         self.keep(x=x, embedding=embedding)  # differs: numpy-autograd
         record(self, "logits", logits)
         return logits
@@ -44,15 +48,17 @@ class Generator(Module):
     def backward(self, grad_output: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
         """grad_output (B, T, V) -> (grad_x (B, T, d_model), grad_embedding (V, d_model) when tied, else None),
         grads of the projection (none when tied: the model adds grad_embedding to the embedding's)."""
+        leading = tuple(range(grad_output.ndim - 1))  # every position: the bias is added to each
+        bias_grads = {} if self.logits_bias is None else {"logits_bias": grad_output.sum(axis=leading)}  # (V,)
         if self.proj is None:
             x, embedding = self.saved.x, self.saved.embedding  # (B, T, d_model), (V, d_model)
             # logits = x E^T: dx = dlogits E, dE = dlogits^T x summed over every position
             grad_x = grad_output @ embedding  # (B, T, V) @ (V, d_model) -> (B, T, d_model)
             rows_grad = grad_output.reshape(-1, grad_output.shape[-1])  # (N, V)
             grad_embedding = rows_grad.T @ x.reshape(-1, x.shape[-1])  # (V, N) @ (N, d_model) -> (V, d_model)
-            return (grad_x, grad_embedding), {}
+            return (grad_x, grad_embedding), bias_grads
         grad_x, proj_grads = self.proj.backward(grad_output)  # (B, T, d_model)
-        return (grad_x, None), with_prefix("proj", proj_grads)
+        return (grad_x, None), with_prefix("proj", proj_grads) | bias_grads
 
 
 class Transformer(Module):

@@ -12,7 +12,7 @@ from transformer_spec import Config
 from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
-from .layer_norm import LayerNorm
+from .layer_norm import make_norm
 from .layers import Dropout, _torch_dtype
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .validate import check_token_ids
@@ -46,7 +46,7 @@ class Embeddings(nn.Module):
             vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
         self.vocab_size = vocab_size
         self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
-        self.position = None  # positional == "none": a bag of words (permutation-equivariant); differs: nnx-static-none
+        self.position = None  # "rotary": in the attention; "none": a bag of words (permutation-equivariant); differs: nnx-static-none
         if config.positional == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(config, dtype)
         elif config.positional == "learned":
@@ -54,7 +54,7 @@ class Embeddings(nn.Module):
         self.token_type = (
             TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
         )
-        self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
+        self.norm = make_norm(config, dtype) if config.embedding_norm else None
         self.dropout = Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:

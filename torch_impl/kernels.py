@@ -16,10 +16,15 @@ torch's kernels:
   ``torch._addmm_activation``, as ``nn.TransformerEncoderLayer``'s eval fast path runs them:
   the activation works in place on w_1's output, so no second (B, T, d_ff) array is made
   (each fresh large array costs its page faults: ~2 ms a layer at base size).
+* ``rms_norm``: ``F.rms_norm``, one pass where the written-out square, mean, root, divide
+  and scale make five.
+* ``gated_feed_forward``: ``F.silu`` on the gate (one pass, not three) for SwiGLU.
 * ``multi_head_attention``: ``F.scaled_dot_product_attention``, which never holds the whole
   (B, H, T_q, T_k) scores, with the q, k and v projections packed into one matmul when they
   read the same input (self-attention; k and v alone for cross-attention), as
-  ``nn.MultiheadAttention`` stores them. Not when the weights are wanted or dropped out.
+  ``nn.MultiheadAttention`` stores them; grouped-query keys and values are not repeated
+  (``enable_gqa``). Not when the weights are wanted or dropped out.
+* ``attend`` (a decoding step over the key/value cache): the same kernel.
 
 A query row with no allowed key is 0 on every path: the attention kernel lets such a row
 attend to every key inside the kernel (finite, also in the backward pass) and zeroes it
@@ -53,6 +58,15 @@ def layer_norm(module, x: torch.Tensor) -> torch.Tensor:
 KERNELS["layer_norm"] = layer_norm
 
 
+# ------------------------------------------------------------------------------- rms_norm
+def rms_norm(module, x: torch.Tensor) -> torch.Tensor:
+    """``RMSNorm.forward``: eps inside the square root."""
+    return F.rms_norm(x, (x.shape[-1],), module.weight, module.eps)  # (..., d_model)
+
+
+KERNELS["rms_norm"] = rms_norm
+
+
 # ----------------------------------------------------------------------------------- gelu
 def gelu(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x)  # (...,) like x: the exact erf GELU (approximate="none")
@@ -77,28 +91,43 @@ def feed_forward(module, x: torch.Tensor) -> torch.Tensor:
 KERNELS["feed_forward"] = feed_forward
 
 
+# --------------------------------------------------------------------- gated_feed_forward
+def gated_feed_forward(module, x: torch.Tensor) -> torch.Tensor:
+    """``GatedFeedForward.forward`` for SwiGLU, the gate's SiLU in one pass."""
+    if module.config.activation != "silu":
+        return NotImplemented
+    hidden = F.silu(module.w_gate(x)) * module.w_up(x)  # (B, T, d_ff)
+    return module.w_down(module.dropout(hidden))  # (B, T, d_model)
+
+
+KERNELS["gated_feed_forward"] = gated_feed_forward
+
+
 # ------------------------------------------------------------------- multi_head_attention
 def _packed(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Several Linear layers reading the same input -> one weight [sum of outs, in] and bias."""
-    weight = torch.cat([linear.weight for linear in linears])  # (n * d_model, d_model)
+    weight = torch.cat([linear.weight for linear in linears])  # (sum of outs, d_model)
     if any(linear.bias is None for linear in linears):
         return weight, None
-    return weight, torch.cat([linear.bias for linear in linears])  # (n * d_model,)
+    return weight, torch.cat([linear.bias for linear in linears])  # (sum of outs,)
 
 
 def attention_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """``scaled_dot_product_attention``'s context alone, in ``F.scaled_dot_product_attention``.
+    """``scaled_dot_product_attention``'s context alone, in ``F.scaled_dot_product_attention``;
+    k and v may have fewer heads than q (grouped-query attention: ``enable_gqa`` reads kv head
+    h // groups for query head h, as ``repeat_kv``, without making the copies).
 
     That kernel takes our mask as it is (bool, True = may attend). For a query row with no
     allowed key its implementations disagree (NaN, zeros or the mean of v); ours gives 0: the
     row attends to every key (finite, also in the backward pass) and is zeroed afterwards.
     """
+    gqa = q.shape[-3] != k.shape[-3]
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v)  # (..., T_q, d_v)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # (..., T_q, d_v)
     has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, T_q|1, 1)
     if has_key.all():  # the usual case (a host sync: cheap on the CPU), and 20% faster at base size
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (..., T_q, d_v)
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key)  # (..., T_q, d_v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # (..., T_q, d_v)
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, enable_gqa=gqa)  # (..., T_q, d_v)
     return context.masked_fill(~has_key, 0.0)  # (..., T_q, d_v), 0 where no key was allowed
 
 
@@ -107,17 +136,34 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     if need_weights or (module.dropout.training and module.dropout.rate > 0):
         return NotImplemented  # the weights are wanted, or dropped out (with our dropout mask)
     check_attention_projections(query.shape, key.shape, value.shape, module.config.d_model)
-    if query is key and key is value:  # self-attention: one (d_model, 3 d_model) matmul
-        q, k, v = F.linear(query, *_packed(module.w_q, module.w_k, module.w_v)).chunk(3, dim=-1)  # (B, T, d_model) x3
+    d_q, d_kv = module.w_q.out_features, module.w_k.out_features
+    if query is key and key is value:  # self-attention: one (d_model, d_q + 2 d_kv) matmul
+        qkv = F.linear(query, *_packed(module.w_q, module.w_k, module.w_v))  # (B, T, d_q + 2 d_kv)
+        q, k, v = qkv.split([d_q, d_kv, d_kv], dim=-1)  # (B, T, d_q), (B, T, d_kv) x2
     elif key is value:  # cross-attention: the memory's keys and values in one matmul
-        q = module.w_q(query)  # (B, T_q, d_model)
-        k, v = F.linear(key, *_packed(module.w_k, module.w_v)).chunk(2, dim=-1)  # (B, T_k, d_model) x2
+        q = module.w_q(query)  # (B, T_q, d_q)
+        k, v = F.linear(key, *_packed(module.w_k, module.w_v)).chunk(2, dim=-1)  # (B, T_k, d_kv) x2
     else:
-        q, k, v = module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_q|T_k, d_model)
-    q, k, v = module.split_heads(q), module.split_heads(k), module.split_heads(v)  # (B, H, T, d_k)
+        q, k, v = module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_q|T_k, d_q|d_kv)
+    q, k, v = module.split_heads(q), module.split_heads(k), module.split_heads(v)  # (B, H|H_kv, T, d_k)
+    if module.rotary is not None:
+        q, k = module.rotary(q), module.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
     check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
-    context = module.merge_heads(attention_context(q, k, v, mask))  # (B, T_q, d_model)
+    context = module.merge_heads(attention_context(q, k, v, mask))  # (B, T_q, d_q)
     return module.w_o(context), None  # (B, T_q, d_model)
 
 
 KERNELS["multi_head_attention"] = multi_head_attention
+
+
+# --------------------------------------------------------------------------------- attend
+def attend(module, query, cache, mask=None, position=0):
+    """``MultiHeadAttention.attend``: new queries over the key/value cache in one kernel."""
+    q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
+    if module.rotary is not None:
+        q = module.rotary(q, position)  # (B, H, T_q, d_k)
+    check_mask("mask", mask, (*q.shape[:-1], cache.k.shape[-2]))
+    return module.w_o(module.merge_heads(attention_context(q, cache.k, cache.v, mask)))  # (B, T_q, d_model)
+
+
+KERNELS["attend"] = attend

@@ -41,3 +41,33 @@ class LayerNorm(nn.Module):
             y = y + self.bias  # (..., d_model)
         record(self, "output", y)
         return y
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` (Zhang & Sennrich, 2019; Llama, SmolLM2).
+
+    LayerNorm without the mean: the vector is rescaled to unit root-mean-square, not
+    centred, and there is no bias. Cheaper, and as good in practice. eps sits inside the
+    square root, as in LayerNorm (and HF's ``LlamaRMSNorm``, which computes it in float32).
+    """
+
+    schema = "rms_norm"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        self.config = config
+        self.eps = float(config.layer_norm_eps)
+        self.weight = nn.Parameter(torch.ones(config.d_model, dtype=_torch_dtype(dtype)))
+
+    @fusable("rms_norm")  # speed: a fused kernel may run instead (kernels.py)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = torch.sqrt((x * x).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
+        x_hat = x / rms  # (..., d_model)
+        y = x_hat * self.weight  # (..., d_model)
+        record(self, "output", y)
+        return y
+
+
+def make_norm(config: Config, dtype: str = "float32") -> LayerNorm | RMSNorm:
+    """The normalisation ``config.norm`` names: LayerNorm (the paper, BERT, GPT-2) or RMSNorm (Llama)."""
+    return RMSNorm(config, dtype) if config.norm == "rms_norm" else LayerNorm(config, dtype)

@@ -18,7 +18,7 @@ from transformer_spec.trace import record
 from .decoder import Decoder
 from .embeddings import Embeddings
 from .encoder import Encoder
-from .layers import Linear
+from .layers import Linear, _torch_dtype
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
 from .validate import check_mask, check_token_ids
 
@@ -27,17 +27,23 @@ class Generator(nn.Module):
     """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
     target embedding table, transposed (paper, section 3.4), and has no weights of its own.
     The model passes that table in on each call rather than the generator keeping a second
-    reference to it (which JAX would see as two separate arrays)."""
+    reference to it (which JAX would see as two separate arrays). With ``final_logits_bias``
+    a bias vector is added to the logits, tied or not (Marian)."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
+        self.logits_bias = None
+        if config.final_logits_bias:
+            self.logits_bias = nn.Parameter(torch.zeros(config.tgt_vocab_size, dtype=_torch_dtype(dtype)))
 
     def forward(self, x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
         if self.proj is None:
             logits = x @ embedding.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
         else:
             logits = self.proj(x)  # (B, T, V)
+        if self.logits_bias is not None:
+            logits = logits + self.logits_bias  # (B, T, V)
         record(self, "logits", logits)
         return logits
 

@@ -1,4 +1,4 @@
-"""Positional information: the paper's fixed sinusoids, or a learned table."""
+"""Positional information: the paper's fixed sinusoids, a learned table, or rotary position embedding."""
 
 from __future__ import annotations
 
@@ -12,18 +12,27 @@ from transformer_spec import Config
 from .layers import _torch_dtype
 
 
-def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> torch.Tensor:
+def sinusoidal_table(
+    max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved"
+) -> torch.Tensor:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
 
     Written so that an odd d_model works: there are ceil(d/2) sine columns but only
     floor(d/2) cosine columns (``pe[:, 1::2] = cos`` with ceil(d/2) frequencies fails).
+    ``layout="halves"`` puts the same columns in another order: every sine, then every
+    cosine (Marian, fairseq): PE[pos, i] = sin(...), PE[pos, ceil(d/2) + i] = cos(...).
     """
     position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(d/2),)
     angle = position * torch.exp(-math.log(10000.0) * two_i / d_model)  # (max_len, ceil(d/2))
     pe = torch.zeros(max_len, d_model, dtype=torch.float64)  # (max_len, d_model)
-    pe[:, 0::2] = torch.sin(angle)  # (max_len, ceil(d/2))
-    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])  # (max_len, floor(d/2))
+    if layout == "halves":
+        sines = angle.shape[1]
+        pe[:, :sines] = torch.sin(angle)  # (max_len, ceil(d/2))
+        pe[:, sines:] = torch.cos(angle[:, : d_model // 2])  # (max_len, floor(d/2))
+    else:
+        pe[:, 0::2] = torch.sin(angle)  # (max_len, ceil(d/2))
+        pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])  # (max_len, floor(d/2))
     return pe.to(_torch_dtype(dtype))  # (max_len, d_model)
 
 
@@ -33,7 +42,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
-        self.register_buffer("pe", sinusoidal_table(config.max_len, config.d_model, dtype), persistent=False)
+        pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)  # (max_len, d_model)
+        self.register_buffer("pe", pe, persistent=False)
 
     def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
         return self.pe[offset : offset + seq_len]  # (T, d_model)
@@ -48,3 +58,53 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
         return self.weight[offset : offset + seq_len]  # (T, d_model)
+
+
+def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
+    """-> cos, sin (max_len, d_k / 2) of the angles pos * theta^(-2i / d_k), i = 0 .. d_k/2 - 1.
+
+    Pair i turns once every 2 pi theta^(2i/d_k) positions: the first pair fastest (one radian
+    a position), the last slowest. Computed in float64, then cast (HF computes the angles in
+    float32: at position p they differ from these by about p * 6e-8 radians)."""
+    position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+    inv_freq = theta ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)  # (d_k / 2,)
+    angle = position * inv_freq  # (max_len, d_k / 2)
+    return torch.cos(angle).to(_torch_dtype(dtype)), torch.sin(angle).to(_torch_dtype(dtype))  # (max_len, d_k / 2)
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """Each pair (x1, x2) of x's last axis -> (x1 cos - x2 sin, x2 cos + x1 sin): a 2-D rotation.
+
+    ``layout`` says which features pair up: "halves", i and i + d_k/2 (HF's ``rotate_half``);
+    "interleaved", 2i and 2i + 1 (GGUF, GPT-J). x (..., T, d_k), cos and sin (T, d_k/2)."""
+    if layout == "halves":
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]  # (..., T, d_k / 2) each
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (..., T, d_k)
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d_k / 2) each
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).reshape(x.shape)  # (..., T, d_k)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (Su et al., 2021, RoFormer): queries and keys, not embeddings.
+
+    Each head's query and key at position m are rotated, pair of features by pair, by the
+    angles m * theta^(-2i/d_k). A rotation by m then one by -n is one by m - n, so the score
+    q_m . k_n depends on the two positions only through m - n: attention sees relative
+    positions, and nothing is added to the token embeddings. A fixed function of the
+    positions, like the sinusoids: non-persistent buffers, no weights.
+    """
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
+        self.layout = config.rope_layout
+        cos, sin = rotary_tables(config.max_len, config.d_k, config.rope_theta, dtype)  # (max_len, d_k/2) each
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
+        seq_len = x.shape[-2]
+        cos = self.cos[offset : offset + seq_len]  # (T, d_k / 2)
+        sin = self.sin[offset : offset + seq_len]  # (T, d_k / 2)
+        return rotate_pairs(x, cos, sin, self.layout)  # (B, H, T, d_k)
