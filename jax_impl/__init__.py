@@ -4,6 +4,7 @@ from transformer_spec import ModelOutput
 
 from .attention import (
     AttentionHead,
+    repeat_kv,
     MultiHeadAttention,
     MultiHeadAttentionLoop,
     masked_softmax,
@@ -12,17 +13,33 @@ from .attention import (
 from .decoder import Decoder, DecoderLayer
 from .embeddings import Embeddings, TokenEmbedding
 from .encoder import Encoder, EncoderLayer
-from .feed_forward import ACTIVATIONS, PositionwiseFeedForward, gelu, gelu_tanh, relu
+from .feed_forward import (
+    ACTIVATIONS,
+    GatedFeedForward,
+    PositionwiseFeedForward,
+    gelu,
+    gelu_tanh,
+    make_feed_forward,
+    relu,
+    silu,
+)
 from .generate import beam, greedy, make_stepper
 from .kernels import KERNELS, fused_kernels, fused_kernels_enabled, use_fused_kernels
-from .layer_norm import LayerNorm
+from .layer_norm import LayerNorm, RMSNorm, make_norm
 from .layers import Dropout, Linear, seed_dropout
 from .loss import cross_entropy
 from .masks import make_causal_mask, make_cross_attention_mask, make_decoder_mask, make_padding_mask
 from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM, compiled
 from .optim import Adam
 from .params import build_model, from_params, load_model, to_params
-from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
+from .positional import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    rotary_tables,
+    rotate_pairs,
+    sinusoidal_table,
+)
 from .sublayer import sublayer_connection
 from .trace import named_modules, trace_model
 from .train import train, train_step
@@ -46,6 +63,7 @@ __all__ = [
     "Embeddings",
     "Encoder",
     "EncoderLayer",
+    "GatedFeedForward",
     "Generator",
     "LayerNorm",
     "LearnedPositionalEmbedding",
@@ -54,6 +72,8 @@ __all__ = [
     "MultiHeadAttention",
     "MultiHeadAttentionLoop",
     "Pooler",
+    "RMSNorm",
+    "RotaryEmbedding",
     "PositionwiseFeedForward",
     "SinusoidalPositionalEncoding",
     "TokenEmbedding",
@@ -73,13 +93,19 @@ __all__ = [
     "load_model",
     "loss_and_grads",
     "make_causal_mask",
+    "make_feed_forward",
+    "make_norm",
     "make_cross_attention_mask",
     "make_decoder_mask",
     "make_padding_mask",
     "make_stepper",
     "masked_softmax",
     "relu",
+    "repeat_kv",
+    "rotary_tables",
+    "rotate_pairs",
     "scaled_dot_product_attention",
+    "silu",
     "sinusoidal_table",
     "sublayer_connection",
     "to_params",

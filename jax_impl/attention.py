@@ -20,6 +20,7 @@ from transformer_spec.trace import record
 
 from .kernels import fusable
 from .layers import Dropout, Linear
+from .positional import RotaryEmbedding
 from .validate import check_mask
 
 
@@ -80,13 +81,23 @@ def scaled_dot_product_attention(
     return context, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 
+def repeat_kv(x: jax.Array, groups: int) -> jax.Array:
+    """Grouped-query attention: x (B, H_kv, T, d_k) -> (B, H_kv * groups, T, d_k), each key/value
+    head repeated for the ``groups`` query heads that share it: query head h reads kv head
+    h // groups (HF's ``repeat_kv``). Tiling instead (h % H_kv) runs and gives nonsense with
+    real weights: the order is part of the model."""
+    if groups == 1:
+        return x  # multi-head attention: one kv head per query head
+    return jnp.repeat(x, groups, axis=1)  # (B, H, T, d_k): kv heads 0, 0, .., 1, 1, ..
+
+
 class KeyValueCache(NamedTuple):
     """One attention layer's keys and values, already projected and split into heads, kept
     between decoding steps so that a step projects only its new tokens. (A NamedTuple is a
     pytree: a cache goes into and comes out of a jit-compiled step as ordinary arrays.)"""
 
-    k: jax.Array  # (B, H, T_cache, d_k)
-    v: jax.Array  # (B, H, T_cache, d_k)
+    k: jax.Array  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
+    v: jax.Array  # (B, H_kv, T_cache, d_k)
 
 
 def append_to_cache(cached: jax.Array, new: jax.Array, position: int | jax.Array, axis: int) -> jax.Array:
@@ -106,28 +117,36 @@ def append_to_cache(cached: jax.Array, new: jax.Array, position: int | jax.Array
 
 
 class MultiHeadAttention(nnx.Module):
-    """h heads in one set of matrices: project, split into heads, attend, merge, project."""
+    """h heads in one set of matrices: project, split into heads, attend, merge, project.
+
+    With ``config.num_kv_heads`` < num_heads (grouped-query attention) the keys and values
+    have fewer heads, each shared by a group of query heads; with ``rotary`` (the self-
+    attention of a model with ``positional="rotary"``) queries and keys are rotated by their
+    positions after the split.
+    """
 
     schema = "attention"
 
-    def __init__(self, config: Config, dtype: str = "float32"):
+    def __init__(self, config: Config, dtype: str = "float32", rotary: bool = False):
         self.config = config
-        self.num_heads, self.d_k = config.num_heads, config.d_k
-        self.w_q = Linear(config.d_model, config.d_model, config.bias, dtype)
-        self.w_k = Linear(config.d_model, config.d_model, config.bias, dtype)
-        self.w_v = Linear(config.d_model, config.d_model, config.bias, dtype)
-        self.w_o = Linear(config.d_model, config.d_model, config.bias, dtype)
+        self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.kv_heads, config.d_k
+        d_q, d_kv, bias = config.num_heads * config.d_k, config.kv_heads * config.d_k, config.use_attention_bias
+        self.w_q = Linear(config.d_model, d_q, bias, dtype)
+        self.w_k = Linear(config.d_model, d_kv, bias, dtype)
+        self.w_v = Linear(config.d_model, d_kv, bias, dtype)
+        self.w_o = Linear(d_q, config.d_model, bias, dtype)
+        self.rotary = RotaryEmbedding(config, dtype) if rotary else None
         self.dropout = Dropout(config.dropout)  # on the attention weights
 
     def split_heads(self, x: jax.Array) -> jax.Array:
         batch, seq_len, _ = x.shape
-        x = x.reshape(batch, seq_len, self.num_heads, self.d_k)  # (B, T, H, d_k)
+        x = x.reshape(batch, seq_len, -1, self.d_k)  # (B, T, H, d_k): H query or H_kv key/value heads
         return x.swapaxes(1, 2)  # (B, H, T, d_k)
 
     def merge_heads(self, x: jax.Array) -> jax.Array:
         batch, _, seq_len, _ = x.shape
         x = x.swapaxes(1, 2)  # (B, T, H, d_k)
-        return x.reshape(batch, seq_len, self.num_heads * self.d_k)  # (B, T, d_model)
+        return x.reshape(batch, seq_len, -1)  # (B, T, H * d_k)
 
     @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(
@@ -141,11 +160,15 @@ class MultiHeadAttention(nnx.Module):
         """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
         check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
-        k = self.split_heads(self.w_k(key))  # (B, H, T_k, d_k)
-        v = self.split_heads(self.w_v(value))  # (B, H, T_k, d_k)
+        k = self.split_heads(self.w_k(key))  # (B, H_kv, T_k, d_k)
+        v = self.split_heads(self.w_v(value))  # (B, H_kv, T_k, d_k)
+        if self.rotary is not None:  # self-attention: queries and keys at positions 0 .. T - 1
+            q, k = self.rotary(q), self.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
         record(self, "q", q)
         record(self, "k", k)
         record(self, "v", v)
+        groups = self.num_heads // self.num_kv_heads
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, T_k, d_k) each
         context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k), weights
         context = self.merge_heads(context)  # (B, T_q, d_model)
         record(self, "context", context)
@@ -158,32 +181,44 @@ class MultiHeadAttention(nnx.Module):
     # ``__call__`` split in two: the keys and values (what a cache keeps), and the attention
     # of new queries over them.
 
-    def key_value(self, x: jax.Array) -> KeyValueCache:
-        """x (B, T, d_model) -> its keys and values, each (B, H, T, d_k)."""
-        return KeyValueCache(self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x)))  # (B, H, T, d_k) each
+    def key_value(self, x: jax.Array, position: int | jax.Array = 0) -> KeyValueCache:
+        """x (B, T, d_model) at positions position .. position + T - 1 -> its keys and values,
+        each (B, H_kv, T, d_k); the keys rotated by their positions when rotary."""
+        k = self.split_heads(self.w_k(x))  # (B, H_kv, T, d_k)
+        if self.rotary is not None:
+            k = self.rotary(k, position)  # (B, H_kv, T, d_k)
+        return KeyValueCache(k, self.split_heads(self.w_v(x)))  # (B, H_kv, T, d_k) each
 
     def empty_cache(self, batch: int) -> KeyValueCache:
-        """The keys and values of no token yet: (B, H, max_len, d_k) zeros each, a fixed-size
-        buffer that ``append_to_cache`` writes into (NumPy and torch start from (B, H, 0, d_k))."""
+        """The keys and values of no token yet: (B, H_kv, max_len, d_k) zeros each, a fixed-size
+        buffer that ``append_to_cache`` writes into (NumPy and torch start from (B, H_kv, 0, d_k))."""
         empty = jnp.zeros(
-            (batch, self.num_heads, self.config.max_len, self.d_k), self.w_k.kernel[...].dtype
-        )  # (B, H, max_len, d_k)
-        return KeyValueCache(empty, empty)  # (B, H, max_len, d_k) each
+            (batch, self.num_kv_heads, self.config.max_len, self.d_k), self.w_k.kernel[...].dtype
+        )  # (B, H_kv, max_len, d_k)
+        return KeyValueCache(empty, empty)  # (B, H_kv, max_len, d_k) each
 
     def extend_cache(self, cache: KeyValueCache, x: jax.Array, position: int | jax.Array) -> KeyValueCache:
         """``cache`` of positions 0 .. position - 1, and x (B, T_new, d_model) at the next T_new
         positions -> the cache of positions 0 .. position + T_new - 1."""
-        new = self.key_value(x)  # (B, H, T_new, d_k) each
-        k = append_to_cache(cache.k, new.k, position, axis=2)  # (B, H, T_cache, d_k)
-        v = append_to_cache(cache.v, new.v, position, axis=2)  # (B, H, T_cache, d_k)
+        new = self.key_value(x, position)  # (B, H_kv, T_new, d_k) each
+        k = append_to_cache(cache.k, new.k, position, axis=2)  # (B, H_kv, T_cache, d_k)
+        v = append_to_cache(cache.v, new.v, position, axis=2)  # (B, H_kv, T_cache, d_k)
         return KeyValueCache(k, v)
 
-    def attend(self, query: jax.Array, cache: KeyValueCache, mask: jax.Array | None = None) -> jax.Array:
-        """query (B, T_q, d_model) over cached keys and values (B, H, T_k, d_k) -> (B, T_q, d_model).
+    @fusable("attend")  # speed: a fused kernel may run instead (kernels.py)
+    def attend(
+        self, query: jax.Array, cache: KeyValueCache, mask: jax.Array | None = None, position: int | jax.Array = 0
+    ) -> jax.Array:
+        """query (B, T_q, d_model) at positions position .. position + T_q - 1 over cached keys and
+        values (B, H_kv, T_k, d_k) -> (B, T_q, d_model).
 
         The same arithmetic as ``__call__``, whose keys and values were computed in the call."""
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
-        context, _ = scaled_dot_product_attention(q, cache.k, cache.v, mask)  # (B, H, T_q, d_k)
+        if self.rotary is not None:
+            q = self.rotary(q, position)  # (B, H, T_q, d_k)
+        groups = self.num_heads // self.num_kv_heads
+        k, v = repeat_kv(cache.k, groups), repeat_kv(cache.v, groups)  # (B, H, T_k, d_k) each
+        context, _ = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k)
         return self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
 
 

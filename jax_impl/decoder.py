@@ -12,8 +12,8 @@ from transformer_spec.checks import check_hidden, check_same_batch
 from transformer_spec.trace import record
 
 from .attention import KeyValueCache, MultiHeadAttention
-from .feed_forward import PositionwiseFeedForward
-from .layer_norm import LayerNorm
+from .feed_forward import make_feed_forward
+from .layer_norm import make_norm
 from .layers import Dropout
 from .sublayer import sublayer_connection
 
@@ -35,15 +35,15 @@ class DecoderLayer(nnx.Module):
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
-        self.self_attn = MultiHeadAttention(config, dtype)
-        self.self_attn_norm = LayerNorm(config, dtype)
+        self.self_attn = MultiHeadAttention(config, dtype, rotary=config.positional == "rotary")
+        self.self_attn_norm = make_norm(config, dtype)
         self.self_attn_dropout = Dropout(config.dropout)  # on each sub-layer's output
         if config.decoder_has_cross_attention:
             self.cross_attn = MultiHeadAttention(config, dtype)
-            self.cross_attn_norm = LayerNorm(config, dtype)
+            self.cross_attn_norm = make_norm(config, dtype)
             self.cross_attn_dropout = Dropout(config.dropout)
-        self.ffn = PositionwiseFeedForward(config, dtype)
-        self.ffn_norm = LayerNorm(config, dtype)
+        self.ffn = make_feed_forward(config, dtype)
+        self.ffn_norm = make_norm(config, dtype)
         self.ffn_dropout = Dropout(config.dropout)
 
     def __call__(
@@ -111,7 +111,7 @@ class DecoderLayer(nnx.Module):
 
         def self_attention(h: jax.Array) -> tuple[jax.Array, KeyValueCache]:
             self_cache = self.self_attn.extend_cache(cache.self_attn, h, position)  # (B, H, T_cache, d_k) each
-            return self.self_attn.attend(h, self_cache, tgt_mask), self_cache  # (B, T_new, d_model)
+            return self.self_attn.attend(h, self_cache, tgt_mask, position), self_cache  # (B, T_new, d_model)
 
         x, self_cache = sublayer_connection(
             x, self_attention, self.self_attn_norm, norm_first, self.self_attn_dropout
@@ -146,7 +146,7 @@ class Decoder(nnx.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
         self.layers = nnx.List([DecoderLayer(config, dtype) for _ in range(config.num_decoder_layers)])
-        self.norm = LayerNorm(config, dtype) if config.use_decoder_final_norm else None
+        self.norm = make_norm(config, dtype) if config.use_decoder_final_norm else None
 
     def __call__(
         self,

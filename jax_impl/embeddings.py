@@ -12,7 +12,7 @@ from transformer_spec import Config
 from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
-from .layer_norm import LayerNorm
+from .layer_norm import make_norm
 from .layers import Dropout
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .validate import check_token_ids
@@ -62,11 +62,11 @@ class Embeddings(nnx.Module):
         elif config.positional == "learned":
             self.position = LearnedPositionalEmbedding(config, dtype)
         else:  # differs: nnx-static-none
-            self.position = None  # positional == "none": a bag of words (permutation-equivariant)
+            self.position = None  # "rotary": in the attention; "none": a bag of words (permutation-equivariant)
         self.token_type = (
             TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
         )
-        self.norm = LayerNorm(config, dtype) if config.embedding_norm else None
+        self.norm = make_norm(config, dtype) if config.embedding_norm else None
         self.dropout = Dropout(config.dropout)
 
     def __call__(

@@ -10,8 +10,8 @@ from transformer_spec.checks import check_hidden
 from transformer_spec.trace import record
 
 from .attention import MultiHeadAttention
-from .feed_forward import PositionwiseFeedForward
-from .layer_norm import LayerNorm
+from .feed_forward import make_feed_forward
+from .layer_norm import make_norm
 from .layers import Dropout
 from .sublayer import sublayer_connection
 
@@ -23,10 +23,10 @@ class EncoderLayer(nnx.Module):
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
-        self.self_attn = MultiHeadAttention(config, dtype)
-        self.self_attn_norm = LayerNorm(config, dtype)
-        self.ffn = PositionwiseFeedForward(config, dtype)
-        self.ffn_norm = LayerNorm(config, dtype)
+        self.self_attn = MultiHeadAttention(config, dtype, rotary=config.positional == "rotary")
+        self.self_attn_norm = make_norm(config, dtype)
+        self.ffn = make_feed_forward(config, dtype)
+        self.ffn_norm = make_norm(config, dtype)
         self.self_attn_dropout = Dropout(config.dropout)  # on each sub-layer's output
         self.ffn_dropout = Dropout(config.dropout)
 
@@ -64,7 +64,7 @@ class Encoder(nnx.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
         self.layers = nnx.List([EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)])
-        self.norm = LayerNorm(config, dtype) if config.use_encoder_final_norm else None
+        self.norm = make_norm(config, dtype) if config.use_encoder_final_norm else None
 
     def __call__(
         self,

@@ -44,3 +44,33 @@ class LayerNorm(nnx.Module):
             y = y + self.bias[...]  # (..., d_model)
         record(self, "output", y)
         return y
+
+
+class RMSNorm(nnx.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` (Zhang & Sennrich, 2019; Llama, SmolLM2).
+
+    LayerNorm without the mean: the vector is rescaled to unit root-mean-square, not
+    centred, and there is no bias. Cheaper, and as good in practice. eps sits inside the
+    square root, as in LayerNorm (and HF's ``LlamaRMSNorm``, which computes it in float32).
+    Not ``nnx.RMSNorm``: its epsilon defaults to 1e-6 and its parameter is called ``scale``.
+    """
+
+    schema = "rms_norm"
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.config = config
+        self.eps = float(config.layer_norm_eps)  # a Python float: it does not change the dtype of x
+        self.weight = nnx.Param(jnp.ones((config.d_model,), dtype))  # (d_model,)
+
+    @fusable("rms_norm")  # speed: a fused kernel may run instead (kernels.py)
+    def __call__(self, x: jax.Array) -> jax.Array:
+        rms = jnp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # (..., 1)
+        x_hat = x / rms  # (..., d_model)
+        y = x_hat * self.weight[...]  # (..., d_model)
+        record(self, "output", y)
+        return y
+
+
+def make_norm(config: Config, dtype: str = "float32") -> LayerNorm | RMSNorm:
+    """The normalisation ``config.norm`` names: LayerNorm (the paper, BERT, GPT-2) or RMSNorm (Llama)."""
+    return RMSNorm(config, dtype) if config.norm == "rms_norm" else LayerNorm(config, dtype)

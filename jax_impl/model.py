@@ -53,11 +53,14 @@ class Generator(nnx.Module):
     target embedding table, transposed (paper, section 3.4), and has no weights of its own.
     The model passes that table in on each call rather than the generator keeping a second
     reference to it: a model handed to ``jax.jit`` is flattened as a pytree, where a shared
-    submodule would appear as two separate arrays.
+    submodule would appear as two separate arrays. With ``final_logits_bias`` a bias vector
+    is added to the logits, tied or not (Marian).
     """
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
+        bias = nnx.Param(jnp.zeros((config.tgt_vocab_size,), dtype)) if config.final_logits_bias else None  # (V,)
+        self.logits_bias = bias  # differs: nnx-static-none
 
     def __call__(self, x: jax.Array, embedding: jax.Array) -> jax.Array:
         if self.proj is None:
@@ -65,6 +68,8 @@ class Generator(nnx.Module):
             logits = jnp.matmul(x, embedding.T, precision=jax.lax.Precision.HIGHEST)  # (B, T, d_model) @ (d_model, V)
         else:
             logits = self.proj(x)  # (B, T, V)
+        if self.logits_bias is not None:
+            logits = logits + self.logits_bias[...]  # (B, T, V)
         record(self, "logits", logits)
         return logits
 

@@ -1,4 +1,4 @@
-"""Positional information: the paper's fixed sinusoids, or a learned table."""
+"""Positional information: the paper's fixed sinusoids, a learned table, or rotary position embedding."""
 
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ class Buffer(nnx.Variable):
     """
 
 
-def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> jax.Array:
+def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved") -> jax.Array:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
 
     Written so that an odd d_model works: there are ceil(d/2) sine columns but only
     floor(d/2) cosine columns (``pe[:, 1::2] = cos`` with ceil(d/2) frequencies fails).
+    ``layout="halves"`` puts the same columns in another order: every sine, then every
+    cosine (Marian, fairseq): PE[pos, i] = sin(...), PE[pos, ceil(d/2) + i] = cos(...).
 
     JAX difference: JAX has float64 only when ``jax_enable_x64`` is on. Computed in
     float32, the rounding of the angle (up to pos * 2^-24 rad) would leave entries ~4e-6
@@ -36,8 +38,13 @@ def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32") -> jax.
     two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(d/2),)
     angle = position * np.exp(-math.log(10000.0) * two_i / d_model)  # (max_len, ceil(d/2))
     pe = np.zeros((max_len, d_model), dtype=np.float64)  # (max_len, d_model)
-    pe[:, 0::2] = np.sin(angle)  # (max_len, ceil(d/2))
-    pe[:, 1::2] = np.cos(angle[:, : d_model // 2])  # (max_len, floor(d/2))
+    if layout == "halves":
+        sines = angle.shape[1]
+        pe[:, :sines] = np.sin(angle)  # (max_len, ceil(d/2))
+        pe[:, sines:] = np.cos(angle[:, : d_model // 2])  # (max_len, floor(d/2))
+    else:
+        pe[:, 0::2] = np.sin(angle)  # (max_len, ceil(d/2))
+        pe[:, 1::2] = np.cos(angle[:, : d_model // 2])  # (max_len, floor(d/2))
     return jnp.asarray(pe, dtype=dtype)  # (max_len, d_model); differs: jax-host-float64
 
 
@@ -45,7 +52,8 @@ class SinusoidalPositionalEncoding(nnx.Module):
     """A fixed table, not a parameter: nothing of it is saved in the weights."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
-        self.pe = Buffer(sinusoidal_table(config.max_len, config.d_model, dtype))  # (max_len, d_model)
+        pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)  # (max_len, d_model)
+        self.pe = Buffer(pe)  # (max_len, d_model)
 
     def __call__(self, seq_len: int, offset: int | jax.Array = 0) -> jax.Array:
         return _rows(self.pe, seq_len, offset)  # (T, d_model); differs: jit-static-shapes
@@ -59,6 +67,57 @@ class LearnedPositionalEmbedding(nnx.Module):
 
     def __call__(self, seq_len: int, offset: int | jax.Array = 0) -> jax.Array:
         return _rows(self.weight, seq_len, offset)  # (T, d_model); differs: jit-static-shapes
+
+
+def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") -> tuple[jax.Array, jax.Array]:
+    """-> cos, sin (max_len, d_k / 2) of the angles pos * theta^(-2i / d_k), i = 0 .. d_k/2 - 1.
+
+    Pair i turns once every 2 pi theta^(2i/d_k) positions: the first pair fastest (one radian
+    a position), the last slowest. Computed in float64, then cast (HF computes the angles in
+    float32: at position p they differ from these by about p * 6e-8 radians). As the
+    sinusoids, on the host with NumPy: float64 even without ``jax_enable_x64``.
+    """
+    position = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
+    inv_freq = theta ** (-np.arange(0, d_k, 2, dtype=np.float64) / d_k)  # (d_k / 2,)
+    angle = position * inv_freq  # (max_len, d_k / 2)
+    # differs: jax-host-float64
+    return jnp.asarray(np.cos(angle), dtype=dtype), jnp.asarray(np.sin(angle), dtype=dtype)  # (max_len, d_k / 2)
+
+
+def rotate_pairs(x: jax.Array, cos: jax.Array, sin: jax.Array, layout: str) -> jax.Array:
+    """Each pair (x1, x2) of x's last axis -> (x1 cos - x2 sin, x2 cos + x1 sin): a 2-D rotation.
+
+    ``layout`` says which features pair up: "halves", i and i + d_k/2 (HF's ``rotate_half``);
+    "interleaved", 2i and 2i + 1 (GGUF, GPT-J). x (..., T, d_k), cos and sin (T, d_k/2)."""
+    if layout == "halves":
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]  # (..., T, d_k / 2) each
+        return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # (..., T, d_k)
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d_k / 2) each
+    return jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(x.shape)  # (..., T, d_k)
+
+
+class RotaryEmbedding(nnx.Module):
+    """Rotary position embedding (Su et al., 2021, RoFormer): queries and keys, not embeddings.
+
+    Each head's query and key at position m are rotated, pair of features by pair, by the
+    angles m * theta^(-2i/d_k). A rotation by m then one by -n is one by m - n, so the score
+    q_m . k_n depends on the two positions only through m - n: attention sees relative
+    positions, and nothing is added to the token embeddings. A fixed function of the
+    positions, like the sinusoids: buffers, no weights.
+    """
+
+    def __init__(self, config: Config, dtype: str = "float32"):
+        self.layout = config.rope_layout
+        cos, sin = rotary_tables(config.max_len, config.d_k, config.rope_theta, dtype)  # (max_len, d_k/2) each
+        self.cos, self.sin = Buffer(cos), Buffer(sin)
+
+    def __call__(self, x: jax.Array, offset: int | jax.Array = 0) -> jax.Array:
+        """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
+        seq_len = x.shape[-2]
+        cos = _rows(self.cos, seq_len, offset)  # (T, d_k / 2); differs: jit-static-shapes
+        sin = _rows(self.sin, seq_len, offset)  # (T, d_k / 2); differs: jit-static-shapes
+        return rotate_pairs(x, cos, sin, self.layout)  # (B, H, T, d_k)
 
 
 def _rows(table: nnx.Variable, seq_len: int, offset: int | jax.Array) -> jax.Array:  # differs: jit-static-shapes
