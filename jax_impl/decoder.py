@@ -35,11 +35,11 @@ class DecoderLayer(nnx.Module):
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
-        self.self_attn = MultiHeadAttention(config, dtype, rotary=config.positional == "rotary")
+        self.self_attn = MultiHeadAttention(config, dtype)
         self.self_attn_norm = make_norm(config, dtype)
         self.self_attn_dropout = Dropout(config.dropout)  # on each sub-layer's output
         if config.decoder_has_cross_attention:
-            self.cross_attn = MultiHeadAttention(config, dtype)
+            self.cross_attn = MultiHeadAttention(config, dtype, rotary=False)  # positions: only within a sequence
             self.cross_attn_norm = make_norm(config, dtype)
             self.cross_attn_dropout = Dropout(config.dropout)
         self.ffn = make_feed_forward(config, dtype)

@@ -23,7 +23,7 @@ class EncoderLayer(Module):
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
-        self.self_attn = MultiHeadAttention(config, dtype, rotary=config.positional == "rotary")
+        self.self_attn = MultiHeadAttention(config, dtype)
         self.self_attn_norm = make_norm(config, dtype)
         self.ffn = make_feed_forward(config, dtype)
         self.ffn_norm = make_norm(config, dtype)

@@ -63,7 +63,10 @@ def as_kind(config: Config, kind: str) -> Config:
     if kind == "decoder_only":
         return config.replace(kind=kind, num_encoder_layers=0, tgt_vocab_size=config.src_vocab_size)
     if kind == "encoder_only":
-        return config.replace(kind=kind, num_decoder_layers=0, tie_output=False, decoder_final_norm=False, pooler=True)
+        return config.replace(
+            kind=kind, num_decoder_layers=0, tie_output=False, decoder_final_norm=False, pooler=True,
+            final_logits_bias=False,
+        )  # fmt: skip
     return config
 
 

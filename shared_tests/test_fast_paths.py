@@ -142,7 +142,60 @@ def _feed_forward(config, train: bool = False):
     return case
 
 
+MODERN = TINY.replace(
+    d_model=54, num_heads=9, num_kv_heads=3, norm="rms_norm", activation="silu", gated_ffn=True, positional="rotary"
+)  # the modern decoder's parts (test_modern.py): GQA 9 / 3, rotary, SwiGLU, RMSNorm
+
+
+def _rms_norm(backend, dtype):
+    params = init_params(MODERN, seed=5, dtype=dtype, component="rms_norm", nonzero_biases=True)
+    norm = backend.build("RMSNorm", MODERN, params)
+    x = (hidden(3, 7, MODERN.d_model) * 3 + 5).astype(dtype)
+    return lambda: backend.call(norm, x), None
+
+
+def _gated_feed_forward(config):
+    def case(backend, dtype):
+        params = init_params(config, seed=3, dtype=dtype, component="gated_feed_forward", nonzero_biases=True)
+        ffn = backend.build("GatedFeedForward", config, params)
+        x = hidden(3, 11, config.d_model).astype(dtype)
+        return lambda: backend.call(ffn, x), None
+
+    return case
+
+
+def _attend(config, mask_name: str):
+    """A decoding step: 4 new queries at positions 7 .. 10 over a cache of 11 (rotated) keys."""
+
+    def case(backend, dtype):
+        params = init_params(config, seed=5, dtype=dtype, component="attention", nonzero_biases=True)
+        attention = backend.build("MultiHeadAttention", config, params)
+        memory = backend.asarray(hidden(3, 11, config.d_model, seed=2).astype(dtype))
+        query = backend.asarray(hidden(3, 4, config.d_model).astype(dtype))
+        mask = attention_masks(4, 11)[mask_name]
+        mask = None if mask is None else backend.asarray(mask)
+
+        def run():
+            cache = attention.key_value(memory)  # (B, H_kv, 11, d_k) each
+            return backend.to_numpy(attention.attend(query, cache, mask, 7))
+
+        return run, None
+
+    return case
+
+
 CASES: dict[str, tuple[str, Callable]] = {
+    "rms_norm": ("rms_norm", _rms_norm),
+    "gated_feed_forward-silu": ("gated_feed_forward", _gated_feed_forward(MODERN)),
+    "gated_feed_forward-gelu": ("gated_feed_forward", _gated_feed_forward(MODERN.replace(activation="gelu"))),
+    **{
+        f"multi_head_attention-gqa-rotary-{inputs}-{mask}": ("multi_head_attention", _attention(inputs, mask, MODERN))
+        for inputs in ("self", "cross")
+        for mask in ("none", "per-query")
+    },
+    "multi_head_attention-mqa": ("multi_head_attention", _attention("self", "padding", MODERN.replace(num_kv_heads=1))),
+    **{f"attend-{mask}": ("attend", _attend(MODERN, mask)) for mask in MASKS},
+    "attend-mha": ("attend", _attend(TINY, "padding")),
     "gelu": ("gelu", _gelu),
     "layer_norm": ("layer_norm", _layer_norm(TINY)),
     "layer_norm-no-bias": ("layer_norm", _layer_norm(TINY.replace(bias=False))),

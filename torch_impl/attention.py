@@ -99,13 +99,13 @@ class MultiHeadAttention(nn.Module):
 
     With ``config.num_kv_heads`` < num_heads (grouped-query attention) the keys and values
     have fewer heads, each shared by a group of query heads; with ``rotary`` (the self-
-    attention of a model with ``positional="rotary"``) queries and keys are rotated by their
-    positions after the split.
+    attention of a model with ``positional="rotary"``; ``rotary=False`` for cross-attention)
+    queries and keys are rotated by their positions after the split.
     """
 
     schema = "attention"
 
-    def __init__(self, config: Config, dtype: str = "float32", rotary: bool = False):
+    def __init__(self, config: Config, dtype: str = "float32", rotary: bool | None = None):
         super().__init__()
         self.config = config
         self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.kv_heads, config.d_k
@@ -114,6 +114,8 @@ class MultiHeadAttention(nn.Module):
         self.w_k = Linear(config.d_model, d_kv, bias, dtype)
         self.w_v = Linear(config.d_model, d_kv, bias, dtype)
         self.w_o = Linear(d_q, config.d_model, bias, dtype)
+        if rotary is None:
+            rotary = config.positional == "rotary"
         self.rotary = RotaryEmbedding(config, dtype) if rotary else None
         self.dropout = Dropout(config.dropout)  # on the attention weights
 
