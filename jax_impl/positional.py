@@ -110,7 +110,8 @@ class RotaryEmbedding(nnx.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.layout = config.rope_layout
         cos, sin = rotary_tables(config.max_len, config.d_k, config.rope_theta, dtype)  # (max_len, d_k/2) each
-        self.cos, self.sin = Buffer(cos), Buffer(sin)
+        self.cos = Buffer(cos)
+        self.sin = Buffer(sin)
 
     def __call__(self, x: jax.Array, offset: int | jax.Array = 0) -> jax.Array:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""

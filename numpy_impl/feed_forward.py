@@ -145,7 +145,7 @@ class GatedFeedForward(Module):
         grad_x_gate, w_gate_grads = self.w_gate.backward(grad_gate)  # (B, T, d_model)
         grad_x_up, w_up_grads = self.w_up.backward(grad_up)  # (B, T, d_model)
         grads = with_prefix("w_gate", w_gate_grads) | with_prefix("w_up", w_up_grads)
-        return grad_x_gate + grad_x_up, grads | with_prefix("w_down", w_down_grads)  # x fed both: the sum
+        return grad_x_gate + grad_x_up, grads | with_prefix("w_down", w_down_grads)  # (B, T, d_model): x fed both
 
 
 def make_feed_forward(config: Config, dtype: str = "float32") -> PositionwiseFeedForward | GatedFeedForward:

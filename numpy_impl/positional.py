@@ -39,7 +39,8 @@ class SinusoidalPositionalEncoding(Module):
     """A fixed table, not a parameter: nothing of it is saved in the weights."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
-        self.pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)  # (max_len, d_model)
+        pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)  # (max_len, d_model)
+        self.pe = pe
 
     def __call__(self, seq_len: int, offset: int = 0) -> np.ndarray:
         return self.pe[offset : offset + seq_len]  # (T, d_model)
@@ -104,7 +105,9 @@ class RotaryEmbedding(Module):
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.layout = config.rope_layout
-        self.cos, self.sin = rotary_tables(config.max_len, config.d_k, config.rope_theta, dtype)  # (max_len, d_k/2)
+        cos, sin = rotary_tables(config.max_len, config.d_k, config.rope_theta, dtype)  # (max_len, d_k/2) each
+        self.cos = cos
+        self.sin = sin
 
     def __call__(self, x: np.ndarray, offset: int = 0) -> np.ndarray:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""

@@ -118,8 +118,10 @@ MODEL_FILES = ("masks.py", "positional.py", "embeddings.py", "attention.py", "fe
                "sublayer.py", "encoder.py", "decoder.py", "model.py", "loss.py")  # fmt: skip
 # JAX vs torch over every file, glue included (params, optim, train, generate, validate): issue 11
 # asked for <= half of the baseline (109); the glue's differences are each framework's own API,
-# every one with its reason, and this is the count reached. It may only go down.
-JAX_TORCH_ALL_FILES_AT_MOST = 149
+# every one with its reason, and this is the count reached. It may only go down, except by
+# what a new component needs: issue 12's rotary embedding added 3 (its table computed on the
+# host in float64, and read at a traced position in the compiled decoding step).
+JAX_TORCH_ALL_FILES_AT_MOST = 152
 
 
 def test_mirror_differences_at_most_half_of_the_baseline(report):

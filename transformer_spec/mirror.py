@@ -74,6 +74,10 @@ RENAMED_NAMES = {
     "xp.ndarray": "Array",
     "jax.Array": "Array",
     "xp.gather": "xp.take_along_axis",  # argument order: see _gather
+    "xp.repeat_interleave": "xp.repeat",  # torch.repeat_interleave(x, n, dim=d) = np.repeat(x, n, axis=d)
+    "xp.sigmoid": "sigmoid",  # torch.sigmoid
+    "jax.nn.sigmoid": "sigmoid",
+    "expit": "sigmoid",  # scipy.special.expit, NumPy's (imported by name, as erf is)
 }
 
 # methods of an array or a module: x.amax(...) -> x.max(...)
@@ -268,6 +272,11 @@ def _from_dotted(text: str) -> ast.AST:
 class _Normaliser(ast.NodeTransformer):
     def __init__(self, backend: str):
         self.backend = backend
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:  # noqa: N802
+        if node.id in RENAMED_NAMES:  # a function imported by name (scipy's expit)
+            return ast.copy_location(_from_dotted(RENAMED_NAMES[node.id]), node)
+        return node
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:  # noqa: N802
         self.generic_visit(node)
