@@ -206,6 +206,100 @@ PAGES: tuple[Page, ...] = (
         ),
     ),
     Page(
+        slug="rms_norm",
+        title="RMSNorm",
+        summary="x / sqrt(mean(x^2) + eps) * weight: LayerNorm without the mean or the bias (Llama).",
+        equations=(
+            r"\mathrm{RMSNorm}(x) = \frac{x}{\sqrt{\frac{1}{d} \sum_{i=1}^{d} x_i^2 + \epsilon}} \odot \gamma",
+        ),
+        text=(
+            "Rescale each position's feature vector to unit root-mean-square, then by learned per-feature "
+            "weights (Zhang & Sennrich, 2019): no mean is subtracted and there is no bias. Llama, SmolLM2 and "
+            "most modern decoders use it in place of LayerNorm (`Config(norm=\"rms_norm\")`); eps sits inside "
+            "the square root, as in LayerNorm.",
+            "HF's `LlamaRMSNorm` computes in float32 whatever the model's dtype, so a float64 HF Llama is only "
+            "float32-accurate there; ours computes in the input's dtype. Flax's `nnx.RMSNorm` defaults to eps "
+            "1e-6 and calls its weight `scale`.",
+        ),
+        code=("layer_norm.py: RMSNorm, make_norm",),
+        tests=(
+            "*test_modern.py::test_rms_norm*",
+        ),
+    ),
+    Page(
+        slug="gated_feed_forward",
+        title="Gated feed-forward (SwiGLU, GeGLU)",
+        summary="(act(x W_gate) * (x W_up)) W_down: the gate multiplies the up projection (Llama's SwiGLU).",
+        equations=(
+            r"\mathrm{FFN}_{\mathrm{SwiGLU}}(x) = \left(\mathrm{SiLU}(x W_{\mathrm{gate}}) \odot x W_{\mathrm{up}}\right) W_{\mathrm{down}}",
+            r"\mathrm{SiLU}(x) = x \, \sigma(x) = \frac{x}{1 + e^{-x}}",
+        ),
+        text=(
+            "Two projections up to d_ff instead of one: the activated gate multiplies the plain up projection "
+            "feature by feature, then W_down returns to d_model (Shazeer, 2020). SwiGLU with SiLU is Llama's, "
+            "GeGLU with GELU falls out of the same code (`Config(gated_ffn=True, activation=\"silu\")`). "
+            "Llama's d_ff is about 8/3 d_model, so the three matrices cost what the paper's two of 4 d_model would.",
+            "The backward pass: each factor of the product gets the other factor times the incoming gradient, and "
+            "x, which fed both projections, gets the sum of their gradients.",
+        ),
+        code=("feed_forward.py: silu, silu_backward, GatedFeedForward, make_feed_forward",),
+        tests=(
+            "*test_modern.py::test_gated_feed_forward*",
+            "*test_modern.py::test_silu*",
+        ),
+    ),
+    Page(
+        slug="rotary",
+        title="Rotary position embedding (RoPE)",
+        summary="Queries and keys rotated pair by pair by position-proportional angles: attention sees distances.",
+        equations=(
+            r"\begin{pmatrix} q'_{a} \\ q'_{b} \end{pmatrix} = \begin{pmatrix} \cos m\theta_i & -\sin m\theta_i \\ \sin m\theta_i & \cos m\theta_i \end{pmatrix} \begin{pmatrix} q_{a} \\ q_{b} \end{pmatrix}, \quad \theta_i = \Theta^{-2i/d_k}",
+            r"(a, b) = (i, i + d_k/2) \ \text{(halves, HF)} \quad \text{or} \quad (2i, 2i + 1) \ \text{(interleaved, GGUF)}",
+        ),
+        text=(
+            "Nothing is added to the embeddings: each head's query and key at position m are rotated, pair of "
+            "features by pair, by angles m theta_i (Su et al., 2021). A rotation by m followed by one by -n is one "
+            "by m - n, so the score of query m and key n depends on the positions only through their distance; "
+            "the tests shift both positions and see the same score. A decoding step rotates its new key once, "
+            "before it joins the cache, and its query at its own position.",
+            "Which features form a pair is a convention, and two are in use: HF Llama's `rotate_half` pairs i with "
+            "i + d_k/2, GGUF (llama.cpp) and GPT-J pair 2i with 2i + 1. The same model in the two layouts differs by "
+            "a fixed permutation of each head's q and k projection columns (`transformer_spec.rope`); loading GGUF "
+            "weights into the halves layout without it runs, and writes fluent nonsense. SmolLM2 uses theta = 1e5.",
+        ),
+        code=(
+            "positional.py: rotary_tables, rotate_pairs, RotaryEmbedding",
+            "transformer_spec/rope.py: halves_to_interleaved_order, halves_to_interleaved, interleaved_to_halves, convert_rope_layout",
+        ),
+        tests=(
+            "*test_modern.py::test_rotary*",
+            "*test_modern.py::test_the_two_rope_layouts*",
+        ),
+    ),
+    Page(
+        slug="grouped_query_attention",
+        title="Grouped-query attention",
+        summary="Fewer key/value heads than query heads, each shared by a group: a smaller key/value cache.",
+        equations=(
+            r"\mathrm{head}_h = \mathrm{Attention}\left(Q_h,\ K_{\lfloor h / g \rfloor},\ V_{\lfloor h / g \rfloor}\right), \quad g = H / H_{kv}",
+        ),
+        text=(
+            "Keys and values get H_kv heads instead of H (Ainslie et al., 2023); query head h reads key/value head "
+            "floor(h / g). `num_kv_heads=1` is multi-query attention. SmolLM2 has 9 query heads and 3 key/value "
+            "heads, so its decoding cache is a third of multi-head attention's: the cache keeps the H_kv heads, and "
+            "`repeat_kv` expands them only inside the attention.",
+            "The order matters: `repeat` (0, 0, 0, 1, 1, 1, ...) is the model; `tile` (0, 1, 2, 0, 1, 2, ...) "
+            "runs and gives nonsense with real weights. NumPy's backward sums the gradients of each group back "
+            "onto its key/value head; torch's fused kernel passes `enable_gqa=True` to its attention kernel, "
+            "which reads the shared heads without copying them.",
+        ),
+        code=("attention.py: repeat_kv, repeat_kv_backward",),
+        tests=(
+            "*test_modern.py::test_grouped_query*",
+            "*test_modern.py::test_rotary_cache_holds_kv_heads*",
+        ),
+    ),
+    Page(
         slug="sublayer",
         title="Residual sub-layer connection",
         summary="Post-norm (the paper) or pre-norm, written once and used by every layer.",
@@ -493,7 +587,8 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "transformer_spec/kernels.py: use_fused_kernels, fused_kernels_enabled, fused_kernels, fusable_in",
-            "kernels.py: KERNELS, fusable, layer_norm, gelu, feed_forward, _packed, attention_context, multi_head_attention",
+            "kernels.py: KERNELS, fusable, layer_norm, rms_norm, gelu, feed_forward, gated_feed_forward, _packed, "
+            "attention_context, multi_head_attention, attend",
         ),
         tests=("*test_fast_paths.py::*",),
         notes={
@@ -504,6 +599,9 @@ PAGES: tuple[Page, ...] = (
             "attention_context": "No fused attention kernel here.",
             "multi_head_attention": "No kernel: `jax.nn.dot_product_attention` computes its softmax in "
             "float32 even for float64 inputs, and gives the mean of v where we define 0.",
+            "rms_norm": "No kernel: the written-out RMSNorm runs (torch has `F.rms_norm`).",
+            "gated_feed_forward": "No kernel: the written-out gated feed-forward runs.",
+            "attend": "No kernel: a decoding step attends in the written-out code.",
         },
     ),
     Page(
