@@ -357,3 +357,87 @@ def test_left_padding_does_not_change_a_rotary_models_continuation(backend):
     assert backend.impl.greedy(model, padded, BOS, EOS, 5).tolist() == backend.impl.greedy(
         model, prompt, BOS, EOS, 5
     ).tolist()
+
+
+# ------------------------------------------------------------------------------ sampling
+def test_filter_logits_applies_temperature_then_top_k_then_top_p():
+    from transformer_spec.decoding import filter_logits
+
+    logits = np.log(np.array([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    np.testing.assert_allclose(filter_logits(logits), [[0.5, 0.2, 0.15, 0.1, 0.05]], rtol=1e-12)
+    np.testing.assert_allclose(filter_logits(logits, top_k=2), [[0.5 / 0.7, 0.2 / 0.7, 0, 0, 0]], rtol=1e-12)
+    # nucleus: the smallest set reaching 0.8 is {0.5, 0.2, 0.15} (0.5 + 0.2 = 0.7 falls short)
+    np.testing.assert_allclose(filter_logits(logits, top_p=0.8), [[0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0]])
+    np.testing.assert_allclose(filter_logits(logits, top_p=0.3), [[1, 0, 0, 0, 0]])  # the top token always stays
+    cold = filter_logits(logits, temperature=0.5)  # p^2, renormalised
+    squared = np.array([0.5, 0.2, 0.15, 0.1, 0.05]) ** 2
+    np.testing.assert_allclose(cold, [squared / squared.sum()], rtol=1e-12)
+
+
+class _FixedLogits:
+    """A stepper whose every step returns the same logits: the sampler alone is tested."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def start(self, src_ids):
+        return None
+
+    def step(self, state, tokens, position):
+        return np.repeat(self.logits[None], len(tokens), axis=0), state
+
+    def reorder(self, state, rows):
+        return state
+
+
+def test_sampling_draws_tokens_with_their_probabilities():
+    from transformer_spec.decoding import sample_decode
+
+    probs = np.array([0.5, 0.3, 0.2, 0.0])
+    ids = sample_decode(_FixedLogits(np.log(probs + 1e-300)), np.zeros((4000, 0), np.int64), 0, -1, 5, seed=3)
+    counts = np.bincount(ids[:, 1:].ravel(), minlength=4) / ids[:, 1:].size
+    np.testing.assert_allclose(counts, probs, atol=0.01)  # 20000 draws: 3 standard errors is ~0.01
+    again = sample_decode(_FixedLogits(np.log(probs + 1e-300)), np.zeros((4000, 0), np.int64), 0, -1, 5, seed=3)
+    assert (again == ids).all()  # seeded: reproducible
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"temperature": 0.0}, "temperature must be a positive finite number"),
+        ({"temperature": float("nan")}, "temperature must be a positive finite number"),
+        ({"top_k": 0}, "top_k must be a positive integer"),
+        ({"top_k": 2.5}, "top_k must be a positive integer"),
+        ({"top_p": 0.0}, r"top_p must be a probability in \(0, 1\]"),
+        ({"top_p": 1.5}, r"top_p must be a probability in \(0, 1\]"),
+    ],
+)
+def test_bad_sampling_arguments_are_refused_in_every_backend(backend, kwargs, message):
+    model = lm(backend, as_kind(VARIANTS["llama"], "decoder_only"))
+    with pytest.raises(ValueError, match=message):
+        backend.impl.sample(model, np.ones((1, 2), np.int64), BOS, EOS, 3, **kwargs)
+
+
+def test_sampling_gives_the_same_tokens_in_every_backend(backend, reference):
+    """Seeded, float64: the logits agree to ~1e-15, so the draws land on the same tokens."""
+    config = as_kind(VARIANTS["llama"], "decoder_only")
+    prompts = token_ids(config.tgt_vocab_size, 3, 5, pad=True, pad_id=config.pad_id, seed=2)
+    kwargs = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 11}
+    want = reference.impl.sample(lm(reference, config), prompts, BOS, EOS, 8, **kwargs)
+    got = backend.impl.sample(lm(backend, config), prompts, BOS, EOS, 8, **kwargs)
+    assert got.tolist() == want.tolist()
+    assert len({tuple(row) for row in want[:, 1:].tolist()}) > 1  # not all rows alike: it did sample
+
+
+def test_prompts_continue_from_their_last_token_given_as_one_bos_per_row(backend):
+    """bos per row (B,): continuing prompts (all but their last token as src_ids) is the forward
+    pass's argmax after the whole prompt."""
+    config = as_kind(VARIANTS["llama"], "decoder_only")
+    model = lm(backend, config)
+    prompts = token_ids(config.tgt_vocab_size, 2, 6, pad=False, seed=4)
+    out = backend.impl.greedy(model, prompts[:, :-1], prompts[:, -1], EOS, 1)
+    assert out[:, 0].tolist() == prompts[:, -1].tolist()
+    logits = backend.call(model, prompts).logits  # NumPy, from the adapter
+    assert out[:, 1].tolist() == logits[:, -1].argmax(-1).tolist()
+    with pytest.raises(ValueError, match=r"bos must be one integer id or one per row \(2,\)"):
+        backend.impl.greedy(model, prompts[:, :-1], np.array([1, 2, 3]), EOS, 1)

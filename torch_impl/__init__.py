@@ -23,7 +23,7 @@ from .feed_forward import (
     relu,
     silu,
 )
-from .generate import beam, greedy, make_stepper
+from .generate import beam, greedy, make_stepper, sample
 from .kernels import KERNELS, fused_kernels, fused_kernels_enabled, use_fused_kernels
 from .layer_norm import LayerNorm, RMSNorm, make_norm
 from .layers import Dropout, Linear, seed_dropout
@@ -104,6 +104,7 @@ __all__ = [
     "repeat_kv",
     "rotary_tables",
     "rotate_pairs",
+    "sample",
     "scaled_dot_product_attention",
     "silu",
     "sinusoidal_table",

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from transformer_spec.decoding import BeamResult, beam_search, greedy_decode
+from transformer_spec.decoding import BeamResult, beam_search, greedy_decode, sample_decode
 
 from .attention import append_to_cache
 from .decoder import LayerCache
@@ -207,6 +207,24 @@ def beam(
     """Beam search (``transformer_spec.decoding.beam_search``) -> the best hypothesis per row and its score."""
     stepper = make_stepper(model, cached)
     return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
+
+
+def sample(
+    model: Any,
+    src_ids: np.ndarray,
+    bos: int,
+    eos: int,
+    max_len: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    cached: bool = True,
+) -> np.ndarray:
+    """Sampling with temperature, top-k and top-p from a seeded NumPy generator
+    (``transformer_spec.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
+    stepper = make_stepper(model, cached)
+    return sample_decode(stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id)
 
 
 def _to_device(model: Any, ids: np.ndarray) -> torch.Tensor:

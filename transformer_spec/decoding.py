@@ -1,4 +1,4 @@
-"""Greedy and beam search, written once for every backend.
+"""Greedy search, beam search and sampling, written once for every backend.
 
 A backend supplies a *stepper* (``make_stepper`` in its ``generate.py``): an object with
 
@@ -9,9 +9,11 @@ A backend supplies a *stepper* (``make_stepper`` in its ``generate.py``): an obj
         step feeds one token per sequence; without one it re-runs the whole prefix.
     reorder(state, rows)               -> state      keep/reorder running sequences (beams)
 
-All the search logic (argmax, top-k over beams, finished hypotheses, length penalty)
-is NumPy here, so the three backends cannot differ in it: only the logits they return.
-For a decoder-only model ``src_ids`` are the prompt ids.
+All the search logic (argmax, top-k over beams, finished hypotheses, length penalty, the
+sampler's temperature, top-k, top-p and random draws) is NumPy here, so the three backends
+cannot differ in it: only the logits they return. For a decoder-only model ``src_ids`` are
+the prompt ids. ``bos``, the first token fed, is one id for every row or one per row (B,):
+to continue prompts, pass all but their last token as ``src_ids`` and the last as ``bos``.
 """
 
 from __future__ import annotations
@@ -46,12 +48,20 @@ def host_ids(src_ids: Any) -> np.ndarray:
     return src_ids
 
 
-def greedy_decode(stepper: Stepper, src_ids: Any, bos: int, eos: int, max_len: int, pad: int = 0) -> np.ndarray:
+def first_tokens(bos: Any, batch: int) -> np.ndarray:
+    """``bos``: one id, or one per row -> (B, 1) int64, checked."""
+    bos = np.asarray(bos)
+    if not np.issubdtype(bos.dtype, np.integer) or bos.ndim > 1 or (bos.ndim == 1 and bos.shape != (batch,)):
+        raise ValueError(f"bos must be one integer id or one per row ({batch},), got {bos.dtype} {bos.shape}")
+    return np.broadcast_to(bos.astype(np.int64), (batch,))[:, None].copy()  # (B, 1)
+
+
+def greedy_decode(stepper: Stepper, src_ids: Any, bos: Any, eos: int, max_len: int, pad: int = 0) -> np.ndarray:
     """-> (B, T <= max_len + 1) ids starting with <bos>; after <eos> a row is padded."""
     src_ids = host_ids(src_ids)  # (B, T_src)
     batch = src_ids.shape[0]
+    out = first_tokens(bos, batch)  # (B, 1)
     state = stepper.start(src_ids)
-    out = np.full((batch, 1), bos, np.int64)
     done = np.zeros(batch, bool)
     for position in range(max_len):
         logits, state = stepper.step(state, out[:, -1], position)  # (B, V)
@@ -85,8 +95,9 @@ def beam_search(
     the best log-probability / (generated length ** length_penalty)."""
     src_ids = host_ids(src_ids)  # (B, T_src)
     batch, k = src_ids.shape[0], beam_size
+    first = first_tokens(bos, batch)  # (B, 1)
     state = stepper.start(np.repeat(src_ids, k, axis=0))  # (B * k) running sequences
-    tokens = np.full((batch, k, 1), bos, np.int64)
+    tokens = np.repeat(first[:, None, :], k, axis=1)  # (B, k, 1)
     scores = np.full((batch, k), -np.inf)
     scores[:, 0] = 0.0  # all beams start identical: only the first may expand, or k copies would survive
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
@@ -139,3 +150,75 @@ def beam_search(
 
 def _length(hypothesis: list[int]) -> int:
     return len(hypothesis) - 1  # tokens generated, <bos> excluded
+
+
+def filter_logits(
+    logits: np.ndarray, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> np.ndarray:
+    """logits (N, V) -> the sampling distribution (N, V), float64: logits / temperature, then only
+    the ``top_k`` largest (ties at the k-th kept, as HF), then only the smallest set of tokens
+    whose probability reaches ``top_p`` (nucleus sampling: the most probable token always
+    stays), renormalised."""
+    scaled = logits.astype(np.float64) / temperature  # (N, V)
+    if top_k is not None and top_k < scaled.shape[-1]:
+        kth = np.sort(scaled, axis=-1)[:, -top_k][:, None]  # (N, 1): the k-th largest
+        scaled = np.where(scaled < kth, -np.inf, scaled)
+    probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))  # (N, V)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-probs, axis=-1, kind="stable")  # (N, V): most probable first
+        sorted_probs = np.take_along_axis(probs, order, axis=-1)
+        before = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # probability of the tokens ranked above
+        keep_sorted = before < top_p  # the first token always (0 < top_p)
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    return probs
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < np.inf:
+        raise ValueError(f"temperature must be a positive finite number (greedy search is its limit at 0), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be a probability in (0, 1] or None, got {top_p!r}")
+
+
+def sample_decode(
+    stepper: Stepper,
+    src_ids: Any,
+    bos: Any,
+    eos: int,
+    max_len: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    pad: int = 0,
+) -> np.ndarray:
+    """Ancestral sampling: each next token drawn from ``filter_logits``' distribution with a NumPy
+    generator seeded by ``seed`` (the same draws in every backend: one uniform number per row
+    and step, inverted through the cumulative distribution). -> (B, T <= max_len + 1) ids from
+    <bos>, padded after <eos>."""
+    check_sampling(temperature, top_k, top_p)
+    src_ids = host_ids(src_ids)  # (B, T_src)
+    batch = src_ids.shape[0]
+    rng = np.random.default_rng(seed)
+    out = first_tokens(bos, batch)  # (B, 1)
+    state = stepper.start(src_ids)
+    done = np.zeros(batch, bool)
+    for position in range(max_len):
+        logits, state = stepper.step(state, out[:, -1], position)  # (B, V)
+        probs = filter_logits(logits, temperature, top_k, top_p)  # (B, V)
+        cumulative = np.cumsum(probs, axis=-1)  # (B, V)
+        draws = rng.random(batch) * cumulative[:, -1]  # (B,)
+        sampled = (cumulative < draws[:, None]).sum(axis=-1)  # (B,): the first index whose cumulative >= the draw
+        sampled = np.minimum(sampled, probs.shape[-1] - 1)
+        next_ids = np.where(done, pad, sampled)  # (B,)
+        out = np.concatenate([out, next_ids[:, None]], axis=1)
+        done |= next_ids == eos
+        if done.all():
+            break
+    return out
