@@ -253,7 +253,7 @@ PAGES: tuple[Page, ...] = (
         title="Rotary position embedding (RoPE)",
         summary="Queries and keys rotated pair by pair by position-proportional angles: attention sees distances.",
         equations=(
-            r"\begin{pmatrix} q'_{a} \\ q'_{b} \end{pmatrix} = \begin{pmatrix} \cos m\theta_i & -\sin m\theta_i \\ \sin m\theta_i & \cos m\theta_i \end{pmatrix} \begin{pmatrix} q_{a} \\ q_{b} \end{pmatrix}, \quad \theta_i = \Theta^{-2i/d_k}",
+            r"q'_{a} = q_{a} \cos m\theta_i - q_{b} \sin m\theta_i, \quad q'_{b} = q_{b} \cos m\theta_i + q_{a} \sin m\theta_i, \quad \theta_i = \mathrm{base}^{-2i/d_k}",
             r"(a, b) = (i, i + d_k/2) \ \text{(halves, HF)} \quad \text{or} \quad (2i, 2i + 1) \ \text{(interleaved, GGUF)}",
         ),
         text=(

@@ -12,12 +12,13 @@ newest tokens into next-token logits. Two of them, which must give the same logi
   each layer's cache, and its query attends over everything cached (which is the causal mask:
   no later position is in the cache yet).
 
-JAX differences. The cache is a buffer of fixed size, ``config.max_len`` positions, written
-at the step's position (``attention.append_to_cache``), and ``initial_cache`` and
-``decode_step`` are compiled with ``jax.jit``: once per (model structure, number of running
-sequences, source or prompt shape), not once per step, since the position is a traced
-value. The cost: every step attends over all max_len slots (those not written yet are
-masked out), wasted work while the sequence is short. The ids and positions are checked
+JAX differences. The cache is a buffer of fixed size, written at the step's position
+(``attention.append_to_cache``): room for the prompt and the steps asked for, rounded up to a
+multiple of ``CACHE_BLOCK`` positions (at most ``config.max_len``), so that calls of similar
+lengths share one compiled step. ``initial_cache`` and ``decode_step`` are compiled with
+``jax.jit``: once per (model structure, number of running sequences, source or prompt shape,
+cache size), not once per step, since the position is a traced value. The cost: every step
+attends over all the buffer's slots (those not written yet are masked out). The ids and positions are checked
 eagerly before each compiled call, as the models' ``__call__`` does. The uncached stepper
 calls the model's jit-compiled ``__call__`` on a prefix one token longer at every step: a
 new shape, so one compilation per length (JAX keeps them for later calls of that shape).
@@ -50,7 +51,7 @@ import numpy as np
 
 from transformer_spec.decoding import BeamResult, beam_search, greedy_decode, sample_decode
 
-from .attention import append_to_cache
+from .attention import KeyValueCache, append_to_cache
 from .decoder import LayerCache
 from .masks import make_cross_attention_mask
 from .validate import check_token_ids
@@ -85,16 +86,37 @@ def make_step_mask(keep: jax.Array, position: int | jax.Array, num_new: int) -> 
     return keep[:, None, None, :] & causal[None, None]  # (N, 1, 1, T_cache) & (1, 1, T_new, T_cache)
 
 
-def initial_cache(model: Any, src_ids: jax.Array) -> tuple[tuple[LayerCache, ...], jax.Array, jax.Array | None]:
+CACHE_BLOCK = 128  # cache sizes are multiples of this: one compiled step serves many lengths
+
+
+def initial_cache(  # differs: jit-static-shapes
+    model: Any, src_ids: jax.Array, length: int
+) -> tuple[tuple[LayerCache, ...], jax.Array, jax.Array | None]:
     """Before the first step -> (cache, keep, memory_mask): the encoder-decoder encodes its source
-    and projects the memory's keys and values, once per layer; no target token is cached yet."""
+    and projects the memory's keys and values, once per layer; no target token is cached yet.
+    JAX: buffers of ``length`` positions (a static argument: a shape)."""
     batch = src_ids.shape[0]
-    keep = jnp.zeros((batch, model.config.max_len), bool)  # (N, max_len): a fixed-size buffer, like the cache
-    if not model.config.decoder_has_cross_attention:
-        return model.decoder.empty_cache(batch), keep, None
-    memory, _, _ = model.encode(src_ids)  # (N, T_src, d_model)
-    memory_mask = make_cross_attention_mask(src_ids, model.config.pad_id)  # (N, 1, 1, T_src)
-    return model.decoder.empty_cache(batch, memory), keep, memory_mask
+    keep = jnp.zeros((batch, length), bool)  # (N, length): a fixed-size buffer, like the cache
+    memory, memory_mask = None, None
+    if model.config.decoder_has_cross_attention:
+        memory, _, _ = model.encode(src_ids)  # (N, T_src, d_model)
+        memory_mask = make_cross_attention_mask(src_ids, model.config.pad_id)  # (N, 1, 1, T_src)
+    cache = model.decoder.empty_cache(batch, memory)  # self-attention buffers of config.max_len positions
+    # the first ``length`` of them: under jit, XLA allocates only these zeros
+    cache = tuple(
+        layer._replace(self_attn=KeyValueCache(layer.self_attn.k[:, :, :length], layer.self_attn.v[:, :, :length]))
+        for layer in cache
+    )  # (N, H_kv, length, d_k) each
+    return cache, keep, memory_mask
+
+
+def cache_length(config: Any, prompt_length: int, max_new: int | None) -> int:  # differs: jit-static-shapes
+    """Positions the cache needs for the prompt and ``max_new`` steps, rounded up to a multiple
+    of CACHE_BLOCK, at most config.max_len (None: config.max_len)."""
+    if max_new is None:
+        return config.max_len
+    needed = prompt_length + max_new
+    return min(config.max_len, -(-needed // CACHE_BLOCK) * CACHE_BLOCK)
 
 
 def decode_step(
@@ -117,7 +139,7 @@ def decode_step(
 
 # Compiled once per (model structure, input shapes): the model is a pytree argument, as in
 # model.py's ``_jit_forward``, and ``position`` a traced value.
-_jit_initial_cache = jax.jit(initial_cache)
+_jit_initial_cache = jax.jit(initial_cache, static_argnums=2)
 _jit_decode_step = jax.jit(decode_step)
 
 
@@ -132,14 +154,17 @@ class CachedStepper:
     def __init__(self, model: Any):
         self.model = model
 
-    def start(self, src_ids: np.ndarray) -> DecodingState:
+    def start(self, src_ids: np.ndarray, max_new: int | None = None) -> DecodingState:
+        """``max_new``: the steps to come; the cache reserves room for them (see ``cache_length``)."""
         # differs: jax-jit
         config = self.model.config
         src_ids = _to_device(self.model, src_ids)  # (N, T_src), or the prompt (N, P)
         vocab = config.src_vocab_size if config.decoder_has_cross_attention else config.tgt_vocab_size
         if src_ids.shape[1]:  # eagerly, on the concrete ids: the compiled code cannot look at values
             check_token_ids("ids", src_ids, vocab, config.max_len)
-        cache, keep, memory_mask = _jit_initial_cache(self.model, src_ids)
+        prompt = 0 if config.decoder_has_cross_attention else src_ids.shape[1]
+        length = cache_length(config, prompt, max_new)
+        cache, keep, memory_mask = _jit_initial_cache(self.model, src_ids, length)
         if config.decoder_has_cross_attention or src_ids.shape[1] == 0:
             return DecodingState(cache, keep, memory_mask, 0)
         # decoder-only: the prompt, all of it in one call, fills the cache at positions 0 .. P - 1
@@ -151,6 +176,11 @@ class CachedStepper:
         # differs: jax-jit
         config = self.model.config
         check_token_ids("ids", tokens, config.tgt_vocab_size, config.max_len, state.offset + position)  # eagerly
+        if state.offset + position >= state.keep.shape[1]:  # the buffer would clamp the write silently
+            raise ValueError(
+                f"position {state.offset + position} is past the cache's {state.keep.shape[1]} positions: "
+                "start the stepper with a larger max_new"
+            )
         logits, cache, keep = _jit_decode_step(
             self.model, tokens, state.cache, state.keep, state.memory_mask, state.offset + position
         )  # (N, 1, V), ...
@@ -168,7 +198,7 @@ class UncachedStepper:
     def __init__(self, model: Any):
         self.model = model
 
-    def start(self, src_ids: np.ndarray) -> PrefixState:
+    def start(self, src_ids: np.ndarray, max_new: int | None = None) -> PrefixState:
         src_ids = _to_device(self.model, src_ids)  # (N, T_src)
         return PrefixState(src_ids, jnp.zeros((src_ids.shape[0], 0), src_ids.dtype))  # (N, 0)
 

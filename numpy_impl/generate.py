@@ -118,7 +118,8 @@ class CachedStepper:
     def __init__(self, model: Any):
         self.model = model
 
-    def start(self, src_ids: np.ndarray) -> DecodingState:
+    def start(self, src_ids: np.ndarray, max_new: int | None = None) -> DecodingState:
+        """``max_new``: the steps to come (the cache grows by concatenation: no size to reserve)."""
         src_ids = _to_device(self.model, src_ids)  # (N, T_src), or the prompt (N, P)
         cache, keep, memory_mask = initial_cache(self.model, src_ids)
         if self.model.config.decoder_has_cross_attention or src_ids.shape[1] == 0:
@@ -146,7 +147,7 @@ class UncachedStepper:
     def __init__(self, model: Any):
         self.model = model
 
-    def start(self, src_ids: np.ndarray) -> PrefixState:
+    def start(self, src_ids: np.ndarray, max_new: int | None = None) -> PrefixState:
         src_ids = _to_device(self.model, src_ids)
         return PrefixState(src_ids, np.zeros((src_ids.shape[0], 0), src_ids.dtype))  # (N, 0)
 

@@ -19,7 +19,7 @@ class MarkovStepper:
         self.table[..., 0] = -1e9  # never the pad id
         self.table[..., BOS] = -1e9  # never <bos> again
 
-    def start(self, src_ids):
+    def start(self, src_ids, max_new=None):
         return src_ids[:, 0].copy()  # the state: which source each running sequence belongs to
 
     def step(self, state, tokens, position):

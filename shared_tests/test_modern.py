@@ -380,7 +380,7 @@ class _FixedLogits:
     def __init__(self, logits):
         self.logits = logits
 
-    def start(self, src_ids):
+    def start(self, src_ids, max_new=None):
         return None
 
     def step(self, state, tokens, position):

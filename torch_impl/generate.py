@@ -126,7 +126,8 @@ class CachedStepper:
         self.model = model
 
     @torch.no_grad()
-    def start(self, src_ids: np.ndarray) -> DecodingState:
+    def start(self, src_ids: np.ndarray, max_new: int | None = None) -> DecodingState:
+        """``max_new``: the steps to come (the cache grows by concatenation: no size to reserve)."""
         src_ids = _to_device(self.model, src_ids)  # (N, T_src), or the prompt (N, P)
         # differs: jax-jit
         cache, keep, memory_mask = initial_cache(self.model, src_ids)
@@ -158,7 +159,7 @@ class UncachedStepper:
     def __init__(self, model: Any):
         self.model = model
 
-    def start(self, src_ids: np.ndarray) -> PrefixState:
+    def start(self, src_ids: np.ndarray, max_new: int | None = None) -> PrefixState:
         src_ids = _to_device(self.model, src_ids)  # (N, T_src)
         # differs: torch-device
         return PrefixState(src_ids, src_ids.new_zeros(src_ids.shape[0], 0))  # (N, 0)

@@ -2,7 +2,8 @@
 
 A backend supplies a *stepper* (``make_stepper`` in its ``generate.py``): an object with
 
-    start(src_ids)                     -> state      encode the source once, empty cache
+    start(src_ids, max_new)            -> state      encode the source once, empty cache for
+                                                     up to max_new steps (None: config.max_len)
     step(state, tokens, position)      -> (logits, state)
         tokens (N,) int64: the newest token of each of N running sequences, at ``position``;
         logits (N, V) as NumPy: the scores of the next token. With a key/value cache the
@@ -25,7 +26,7 @@ import numpy as np
 
 
 class Stepper(Protocol):
-    def start(self, src_ids: np.ndarray) -> Any: ...
+    def start(self, src_ids: np.ndarray, max_new: int | None = None) -> Any: ...
 
     def step(self, state: Any, tokens: np.ndarray, position: int) -> tuple[np.ndarray, Any]: ...
 
@@ -61,7 +62,7 @@ def greedy_decode(stepper: Stepper, src_ids: Any, bos: Any, eos: int, max_len: i
     src_ids = host_ids(src_ids)  # (B, T_src)
     batch = src_ids.shape[0]
     out = first_tokens(bos, batch)  # (B, 1)
-    state = stepper.start(src_ids)
+    state = stepper.start(src_ids, max_len)
     done = np.zeros(batch, bool)
     for position in range(max_len):
         logits, state = stepper.step(state, out[:, -1], position)  # (B, V)
@@ -96,7 +97,7 @@ def beam_search(
     src_ids = host_ids(src_ids)  # (B, T_src)
     batch, k = src_ids.shape[0], beam_size
     first = first_tokens(bos, batch)  # (B, 1)
-    state = stepper.start(np.repeat(src_ids, k, axis=0))  # (B * k) running sequences
+    state = stepper.start(np.repeat(src_ids, k, axis=0), max_len)  # (B * k) running sequences
     tokens = np.repeat(first[:, None, :], k, axis=1)  # (B, k, 1)
     scores = np.full((batch, k), -np.inf)
     scores[:, 0] = 0.0  # all beams start identical: only the first may expand, or k copies would survive
@@ -207,7 +208,7 @@ def sample_decode(
     batch = src_ids.shape[0]
     rng = np.random.default_rng(seed)
     out = first_tokens(bos, batch)  # (B, 1)
-    state = stepper.start(src_ids)
+    state = stepper.start(src_ids, max_len)
     done = np.zeros(batch, bool)
     for position in range(max_len):
         logits, state = stepper.step(state, out[:, -1], position)  # (B, V)
