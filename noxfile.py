@@ -47,7 +47,8 @@ def parity(session):
 
 ORACLE_TESTS = ["shared_tests/test_oracle_torch_modules.py", "shared_tests/test_oracle_bert.py",
                 "shared_tests/test_oracle_flax.py", "shared_tests/test_oracle_smollm2_files.py",
-                "shared_tests/test_oracle_smollm2_transformers.py"]  # fmt: skip
+                "shared_tests/test_oracle_smollm2_transformers.py", "shared_tests/test_oracle_smollm2_model.py",
+                "shared_tests/test_oracle_hf_models.py"]  # fmt: skip
 
 
 @nox.session
