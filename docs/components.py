@@ -535,7 +535,7 @@ PAGES: tuple[Page, ...] = (
     ),
     Page(
         slug="decoding",
-        title="Decoding: greedy and beam search",
+        title="Decoding: greedy search, beam search and sampling",
         summary="One search in NumPy for every backend; steppers with and without a key/value cache.",
         equations=(
             r"y_t = \argmax_v \; \log p(v \mid y_{<t}, x)",
@@ -549,18 +549,28 @@ PAGES: tuple[Page, ...] = (
             "The uncached stepper re-runs the whole prefix every step; the cached one feeds only the newest "
             "token, whose key and value join each layer's cache. The tests hold the two to each other's "
             "logits in float64 and float32, and every backend to the NumPy reference's tokens.",
+            "Sampling divides the logits by a temperature, keeps the `top_k` largest and then the smallest set "
+            "whose probability reaches `top_p`, and draws from a seeded NumPy generator: one uniform number per "
+            "row and step, so the three backends draw the same tokens from the same logits. With grouped-query "
+            "attention the cache holds only the key/value heads; with rotary positions each new key is rotated "
+            "once, at its position, before it joins the cache. JAX's compiled step writes into a buffer sized "
+            "for the prompt and the steps asked for (`cache_length`), not for `max_len`.",
         ),
         code=(
-            "generate.py: DecodingState, PrefixState, make_step_mask, initial_cache, decode_step, select_rows, "
-            "CachedStepper, UncachedStepper, make_stepper, greedy, beam, _to_device, _to_host",
-            "transformer_spec/decoding.py: host_ids, greedy_decode, beam_search",
+            "generate.py: DecodingState, PrefixState, make_step_mask, initial_cache, cache_length, decode_step, "
+            "select_rows, CachedStepper, UncachedStepper, make_stepper, greedy, beam, sample, _to_device, _to_host",
+            "transformer_spec/decoding.py: host_ids, first_tokens, greedy_decode, beam_search, filter_logits, "
+            "sample_decode",
         ),
         tests=("*test_decoding.py::*",),
         parity_note=(
             "Here each backend's cached stepper is held to its own uncached one, step by step (the "
             "logits of every step); the tokens are compared exactly, to the NumPy reference's."
         ),
-        notes={"_to_device": "Not needed: the ids are already host arrays of the right kind."},
+        notes={
+            "_to_device": "Not needed: the ids are already host arrays of the right kind.",
+            "cache_length": "Not needed: the cache grows by concatenation, one step at a time.",
+        },
     ),
     Page(
         slug="kernels",
