@@ -67,6 +67,10 @@ def oracles(session):
         "transformer-ref", "compare", "--preset", "minilm", "--text", "time flies like an arrow", "--repeat", "2"
     )
     session.run("transformer-ref", "embed", "time flies like an arrow", "fruit flies like a banana", "--backend", "jax")
+    session.run(
+        "transformer-ref", "generate", "--prompt", "The capital of France is", "--backend", "all",
+        "--max-new-tokens", "8",
+    )  # fmt: skip
 
 
 @nox.session

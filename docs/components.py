@@ -209,22 +209,18 @@ PAGES: tuple[Page, ...] = (
         slug="rms_norm",
         title="RMSNorm",
         summary="x / sqrt(mean(x^2) + eps) * weight: LayerNorm without the mean or the bias (Llama).",
-        equations=(
-            r"\mathrm{RMSNorm}(x) = \frac{x}{\sqrt{\frac{1}{d} \sum_{i=1}^{d} x_i^2 + \epsilon}} \odot \gamma",
-        ),
+        equations=(r"\mathrm{RMSNorm}(x) = \frac{x}{\sqrt{\frac{1}{d} \sum_{i=1}^{d} x_i^2 + \epsilon}} \odot \gamma",),
         text=(
             "Rescale each position's feature vector to unit root-mean-square, then by learned per-feature "
             "weights (Zhang & Sennrich, 2019): no mean is subtracted and there is no bias. Llama, SmolLM2 and "
-            "most modern decoders use it in place of LayerNorm (`Config(norm=\"rms_norm\")`); eps sits inside "
+            'most modern decoders use it in place of LayerNorm (`Config(norm="rms_norm")`); eps sits inside '
             "the square root, as in LayerNorm.",
             "HF's `LlamaRMSNorm` computes in float32 whatever the model's dtype, so a float64 HF Llama is only "
             "float32-accurate there; ours computes in the input's dtype. Flax's `nnx.RMSNorm` defaults to eps "
             "1e-6 and calls its weight `scale`.",
         ),
         code=("layer_norm.py: RMSNorm, make_norm",),
-        tests=(
-            "*test_modern.py::test_rms_norm*",
-        ),
+        tests=("*test_modern.py::test_rms_norm*",),
     ),
     Page(
         slug="gated_feed_forward",
@@ -237,7 +233,7 @@ PAGES: tuple[Page, ...] = (
         text=(
             "Two projections up to d_ff instead of one: the activated gate multiplies the plain up projection "
             "feature by feature, then W_down returns to d_model (Shazeer, 2020). SwiGLU with SiLU is Llama's, "
-            "GeGLU with GELU falls out of the same code (`Config(gated_ffn=True, activation=\"silu\")`). "
+            'GeGLU with GELU falls out of the same code (`Config(gated_ffn=True, activation="silu")`). '
             "Llama's d_ff is about 8/3 d_model, so the three matrices cost what the paper's two of 4 d_model would.",
             "The backward pass: each factor of the product gets the other factor times the incoming gradient, and "
             "x, which fed both projections, gets the sum of their gradients.",
@@ -315,9 +311,7 @@ PAGES: tuple[Page, ...] = (
             "serves attention and feed-forward alike. The parity numbers below are the encoder and decoder "
             "layers', which use it in both norm placements.",
         ),
-        code=(
-            "sublayer.py: sublayer_connection, sublayer_connection_backward",
-        ),
+        code=("sublayer.py: sublayer_connection, sublayer_connection_backward",),
         tests=(
             "*test_components.py::test_encoder_layer_matches_reference*",
             "*test_components.py::test_decoder_layer_matches_reference*",
@@ -447,9 +441,7 @@ PAGES: tuple[Page, ...] = (
             "itself, so one caller serves every backend. Every model checks its inputs once, at its entry "
             "(`check_inputs`); the submodules it calls trust them.",
         ),
-        code=(
-            "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel, _run, compiled",
-        ),
+        code=("model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel, _run, compiled",),
         tests=("*test_models.py::*",),
         notes={
             "_run": "Not needed: runs eagerly, op by op.",
@@ -580,7 +572,7 @@ PAGES: tuple[Page, ...] = (
         text=(
             "The component pages show the math as the paper writes it, in every backend. Where a framework has "
             "a faster equivalent, the teaching function or forward carries one marked line, "
-            "`@fusable(\"gelu\")`, the same in all three backends; while fused kernels are enabled (the "
+            '`@fusable("gelu")`, the same in all three backends; while fused kernels are enabled (the '
             "default; `use_fused_kernels(False)` or `with fused_kernels(False):` switches them off, "
             "`transformer-ref compare --kernels written-out` too) and no trace is recording, the call goes to the "
             "kernel registered in that backend's `kernels.py`. A kernel returns `NotImplemented` where it does "

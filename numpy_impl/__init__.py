@@ -10,10 +10,10 @@ from transformer_spec import ModelOutput
 
 from .attention import (
     AttentionHead,
-    repeat_kv,
     MultiHeadAttention,
     MultiHeadAttentionLoop,
     masked_softmax,
+    repeat_kv,
     scaled_dot_product_attention,
 )
 from .decoder import Decoder, DecoderLayer

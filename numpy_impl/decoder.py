@@ -84,9 +84,7 @@ class DecoderLayer(Module):
         record(self, "output", x)
         return x, self_weights, cross_weights
 
-    def backward(
-        self, grad_output: np.ndarray
-    ) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
+    def backward(self, grad_output: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
         """grad_output (B, T_tgt, d_model) -> (grad_x (B, T_tgt, d_model), grad_memory (B, T_src, d_model)
         or None without cross-attention), grads; the sub-layers in reverse order."""
         norm_first = self.config.norm_first
@@ -210,9 +208,7 @@ class Decoder(Module):
             cross_attentions = []
         return x, (tuple(hidden_states) if need_hidden_states else ()), tuple(self_attentions), tuple(cross_attentions)
 
-    def backward(
-        self, grad_output: np.ndarray
-    ) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
+    def backward(self, grad_output: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
         """grad_output (B, T_tgt, d_model) -> (grad_x (B, T_tgt, d_model), grad_memory (B, T_src, d_model)
         or None), grads of every layer and the final norm."""
         grads = {}

@@ -32,7 +32,8 @@ class Generator(Module):
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
-        bias = np.zeros((config.tgt_vocab_size,), dtype) if config.final_logits_bias else None  # (V,)
+        vocab = config.tgt_vocab_size
+        bias = np.zeros((vocab,), dtype) if config.final_logits_bias else None  # (V,)
         self.logits_bias = bias
 
     def __call__(self, x: np.ndarray, embedding: np.ndarray) -> np.ndarray:

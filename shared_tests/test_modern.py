@@ -43,8 +43,14 @@ VARIANTS = {
         num_kv_heads=1, tie_output=True, bias=True, rope_layout="interleaved", activation="gelu"
     ),
     "post-layernorm-rotary-mha-logitsbias": MODERN.replace(
-        num_kv_heads=None, norm="layer_norm", norm_first=False, gated_ffn=False, activation="relu", bias=True,
-        ffn_bias=False, final_logits_bias=True,
+        num_kv_heads=None,
+        norm="layer_norm",
+        norm_first=False,
+        gated_ffn=False,
+        activation="relu",
+        bias=True,
+        ffn_bias=False,
+        final_logits_bias=True,
     ),  # fmt: skip
     "marian-like": TINY.replace(sinusoid_layout="halves", final_logits_bias=True, tie_output=True, activation="silu"),
 }
@@ -159,7 +165,9 @@ def test_grouped_query_attention_matches_reference(backend, reference, dtype, kv
     mask[0, 0, 0] = False  # a fully masked row: weights 0, context 0 (the output is w_o's bias)
 
     config = config if rotary else config.replace(positional="sinusoidal")  # a standalone attention: no rotation
-    want = reference.call(reference.build("MultiHeadAttention", config, params, "float64"), query, memory, memory, mask, True)
+    want = reference.call(
+        reference.build("MultiHeadAttention", config, params, "float64"), query, memory, memory, mask, True
+    )
     args = (query.astype(dtype), memory.astype(dtype), memory.astype(dtype), mask, True)
     got = backend.call(backend.build("MultiHeadAttention", config, params, dtype), *args)
     assert got[1].shape == (3, config.num_heads, t_q, t_k)
@@ -354,9 +362,10 @@ def test_left_padding_does_not_change_a_rotary_models_continuation(backend):
     alone, alone_state = stepper.step(stepper.start(prompt), np.array([BOS]), 0)
     left, left_state = stepper.step(stepper.start(padded), np.array([BOS]), 0)
     assert_close(left, alone, "float64", "left-padded vs alone")
-    assert backend.impl.greedy(model, padded, BOS, EOS, 5).tolist() == backend.impl.greedy(
-        model, prompt, BOS, EOS, 5
-    ).tolist()
+    assert (
+        backend.impl.greedy(model, padded, BOS, EOS, 5).tolist()
+        == backend.impl.greedy(model, prompt, BOS, EOS, 5).tolist()
+    )
 
 
 # ------------------------------------------------------------------------------ sampling

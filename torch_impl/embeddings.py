@@ -46,7 +46,8 @@ class Embeddings(nn.Module):
             vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
         self.vocab_size = vocab_size
         self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
-        self.position = None  # "rotary": in the attention; "none": a bag of words (permutation-equivariant); differs: nnx-static-none
+        # "rotary": in the attention; "none": a bag of words (permutation-equivariant)
+        self.position = None  # differs: nnx-static-none
         if config.positional == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(config, dtype)
         elif config.positional == "learned":

@@ -33,7 +33,8 @@ class Generator(nn.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
-        bias = nn.Parameter(torch.zeros(config.tgt_vocab_size, dtype=_torch_dtype(dtype))) if config.final_logits_bias else None  # (V,)
+        vocab = config.tgt_vocab_size
+        bias = nn.Parameter(torch.zeros(vocab, dtype=_torch_dtype(dtype))) if config.final_logits_bias else None  # (V,)
         self.logits_bias = bias
 
     def forward(self, x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:

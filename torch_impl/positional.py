@@ -12,9 +12,7 @@ from transformer_spec import Config
 from .layers import _torch_dtype
 
 
-def sinusoidal_table(
-    max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved"
-) -> torch.Tensor:
+def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved") -> torch.Tensor:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
 
     Written so that an odd d_model works: there are ceil(d/2) sine columns but only

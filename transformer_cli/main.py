@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import attention, compare, embed, mirror, pitfalls, trace, train
+from . import attention, compare, embed, generate, mirror, pitfalls, trace, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,6 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     compare.add_parser(commands)
     embed.add_parser(commands)
+    generate.add_parser(commands)
     pitfalls.add_parser(commands)
     train.add_parser(commands)
     trace.add_parser(commands)

@@ -180,7 +180,9 @@ def filter_logits(
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < np.inf:
-        raise ValueError(f"temperature must be a positive finite number (greedy search is its limit at 0), got {temperature!r}")
+        raise ValueError(
+            f"temperature must be a positive finite number (greedy search is its limit at 0), got {temperature!r}"
+        )
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):

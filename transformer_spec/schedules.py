@@ -34,4 +34,3 @@ def constant_schedule(value: float):
 def peak(schedule, steps: int) -> float:
     """The largest rate over the first ``steps`` steps (for printing)."""
     return max(schedule(s) for s in range(1, steps + 1)) if steps > 0 else math.nan
-

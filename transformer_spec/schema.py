@@ -114,9 +114,7 @@ def encoder_layer_schema(config: Config, prefix: str = "") -> Schema:
 
 
 def decoder_layer_schema(config: Config, prefix: str = "") -> Schema:
-    schema = attention_schema(config, _join(prefix, "self_attn")) | norm_schema(
-        config, _join(prefix, "self_attn_norm")
-    )
+    schema = attention_schema(config, _join(prefix, "self_attn")) | norm_schema(config, _join(prefix, "self_attn_norm"))
     if config.decoder_has_cross_attention:
         schema |= attention_schema(config, _join(prefix, "cross_attn"))
         schema |= norm_schema(config, _join(prefix, "cross_attn_norm"))

