@@ -365,7 +365,7 @@ PAGES: tuple[Page, ...] = (
             "target length (the mismatch on which the from-scratch tutorial's decoder stopped).",
         ),
         code=(
-            "masks.py: make_padding_mask, make_causal_mask, make_decoder_mask, make_cross_attention_mask",
+            "masks.py: make_padding_mask, make_causal_mask, make_decoder_mask, make_target_mask, make_cross_attention_mask",
             "validate.py: check_mask",
         ),
         parity_note=(

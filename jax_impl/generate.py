@@ -129,7 +129,10 @@ def decode_step(
 ) -> tuple[jax.Array, tuple[LayerCache, ...], jax.Array]:
     """tokens (N, T_new) at absolute positions position .. position + T_new - 1, the cache and
     ``keep`` (N, position) of every earlier one -> logits (N, T_new, V), both extended."""
-    keep = append_to_cache(keep, tokens != model.config.pad_id, position, axis=1)  # (N, T_cache)
+    fed = tokens != model.config.pad_id  # (N, T_new): padding is hidden from later queries
+    if model.config.decoder_has_cross_attention:  # but never the decoder's start token (as make_target_mask)
+        fed = fed | (position + jnp.arange(tokens.shape[1]) == 0)  # (N, T_new)
+    keep = append_to_cache(keep, fed, position, axis=1)  # (N, T_cache)
     tgt_mask = make_step_mask(keep, position, tokens.shape[1])  # (N, 1, T_new, T_cache)
     x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
     x, cache = model.decoder.step(x, cache, position, tgt_mask, memory_mask)  # (N, T_new, d_model)

@@ -24,6 +24,15 @@ def make_decoder_mask(ids: jax.Array, pad_id: int) -> jax.Array:
     return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1])  # (B, 1, 1, T) & (1, 1, T, T)
 
 
+def make_target_mask(tgt_ids, pad_id: int):
+    """The encoder-decoder's decoder self-attention -> (B, 1, T, T): ``make_decoder_mask``, except
+    that position 0, the decoder's start token, is never hidden, even where a model spells it
+    ``pad_id`` (Marian and BART start decoding from their pad token)."""
+    is_start = jnp.arange(tgt_ids.shape[1]) == 0  # (T,)
+    keep = (tgt_ids != pad_id) | is_start  # (B, T)
+    return keep[:, None, None, :] & make_causal_mask(tgt_ids.shape[1])  # (B, 1, T, T)
+
+
 def make_cross_attention_mask(src_ids: jax.Array, pad_id: int) -> jax.Array:
     """Decoder queries over encoder keys: hide the *source* padding -> (B, 1, 1, T_src).
 

@@ -34,7 +34,13 @@ from .kernels import KERNELS, fused_kernels, fused_kernels_enabled, use_fused_ke
 from .layer_norm import LayerNorm, RMSNorm, make_norm
 from .layers import Dropout, Linear, seed_dropout
 from .loss import cross_entropy
-from .masks import make_causal_mask, make_cross_attention_mask, make_decoder_mask, make_padding_mask
+from .masks import (
+    make_causal_mask,
+    make_cross_attention_mask,
+    make_decoder_mask,
+    make_padding_mask,
+    make_target_mask,
+)
 from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM, compiled
 from .optim import Adam
 from .params import build_model, from_params, load_model, to_params
@@ -106,6 +112,7 @@ __all__ = [
     "make_decoder_mask",
     "make_padding_mask",
     "make_stepper",
+    "make_target_mask",
     "masked_softmax",
     "relu",
     "repeat_kv",

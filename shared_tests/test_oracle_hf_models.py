@@ -266,6 +266,43 @@ def test_marian_logits_equal_transformers(backend, transformers, variant, dtype)
     model = backend.impl.build_model(config, params, dtype=dtype)
     got = backend.call(model, src, tgt, tgt_mask=marian_target_mask(tgt_real)).logits
     assert_close(got[tgt_real], want[tgt_real], dtype, f"Marian {variant} logits at real target tokens")
+    # the default mask (make_target_mask) keeps the start token visible although it is the pad id
+    default = backend.call(model, src, tgt).logits
+    assert_close(default[tgt_real], want[tgt_real], dtype, f"Marian {variant} logits, default target mask")
+
+
+@pytest.mark.parametrize("variant", list(MARIAN))
+def test_marian_greedy_and_beam_equal_transformers_generate(backend, transformers, variant):
+    """Decoding starts from Marian's pad token (decoder_start_token_id): our steppers keep that
+    start token visible, as the forward pass's default mask does, and give generate's tokens."""
+    import torch
+
+    reference = hf_in(hf_model("marian", variant), "float64")
+    with torch.no_grad():  # never the pad token (Marian's generation bans it): ours hides a fed pad from later queries
+        reference.final_logits_bias[..., PAD] = -1e4
+    hf_config = reference.config.to_dict()
+    config, shared = marian_config(hf_config), hf_config["share_encoder_decoder_embeddings"]
+    model = backend.impl.build_model(config, params_from_marian(hf_state(reference), config, shared_embeddings=shared))
+    src = padded_ids(config.src_vocab_size, seed=3)
+    start, eos = hf_config["decoder_start_token_id"], hf_config["eos_token_id"]
+    for beams in (1, 3):
+        with torch.no_grad():
+            want = reference.generate(
+                torch.from_numpy(src), attention_mask=torch.from_numpy((src != PAD).astype(np.int64)),
+                max_new_tokens=6, num_beams=beams, do_sample=False, length_penalty=1.0,
+                forced_eos_token_id=None,  # Marian's config forces <eos> at the last step; ours does not
+            ).numpy()  # fmt: skip
+        if beams == 1:
+            got = backend.impl.greedy(model, src, start, eos, 6)
+        else:
+            got = backend.impl.beam(model, src, start, eos, 6, beam_size=beams, length_penalty=1.0).ids
+        for row in range(len(src)):
+            hf_row = [int(t) for t in want[row]]
+            ours = [int(t) for t in got[row]][: len(hf_row)]
+            if eos in hf_row:  # HF pads after <eos> with the pad id, as we do
+                hf_row = hf_row[: hf_row.index(eos) + 1]
+                ours = ours[: len(hf_row)]
+            assert ours == hf_row, f"beams={beams} row {row}: ours {ours}, transformers {hf_row}"
 
 
 def test_hf_llama_float64_has_float32_islands(transformers):

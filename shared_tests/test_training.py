@@ -73,7 +73,7 @@ class PrefixStepper:
     def __init__(self, backend, model):
         self.backend, self.model = backend, model
 
-    def start(self, src_ids):
+    def start(self, src_ids, max_new=None):
         return src_ids, np.zeros((len(src_ids), 0), np.int64)
 
     def step(self, state, tokens, position):

@@ -25,6 +25,16 @@ def make_decoder_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1], ids.device)  # (B, 1, T, T)
 
 
+def make_target_mask(tgt_ids, pad_id: int):
+    """The encoder-decoder's decoder self-attention -> (B, 1, T, T): ``make_decoder_mask``, except
+    that position 0, the decoder's start token, is never hidden, even where a model spells it
+    ``pad_id`` (Marian and BART start decoding from their pad token)."""
+    is_start = torch.arange(tgt_ids.shape[1], device=tgt_ids.device) == 0  # (T,); differs: torch-device
+    keep = (tgt_ids != pad_id) | is_start  # (B, T)
+    # differs: torch-device (the causal half is made where the ids are)
+    return keep[:, None, None, :] & make_causal_mask(tgt_ids.shape[1], tgt_ids.device)  # (B, 1, T, T)
+
+
 def make_cross_attention_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     """Decoder queries over encoder keys: hide the *source* padding -> (B, 1, 1, T_src).
 

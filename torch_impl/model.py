@@ -19,7 +19,7 @@ from .decoder import Decoder
 from .embeddings import Embeddings
 from .encoder import Encoder
 from .layers import Linear, _torch_dtype
-from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask
+from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask, make_target_mask
 from .validate import check_mask, check_token_ids
 
 
@@ -73,7 +73,7 @@ class Transformer(nn.Module):
     def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
         """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights."""
         if tgt_mask is None:
-            tgt_mask = make_decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
+            tgt_mask = make_target_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
         x = self.tgt_embed(tgt_ids)  # (B, T_tgt, d_model)
         return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)  # (B, T_tgt, d), ...
 
