@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from transformer_spec import Config, init_params, param_schema
+from transformer_spec.rope import convert_rope_layout
 
 from .registry import BACKENDS, Demonstration, register, source
 
@@ -892,4 +893,176 @@ def float64_without_x64(backend: str) -> Demonstration:
         ),
         ours=f"raises {numbers['ours_error_type']}: {numbers['ours_error']}",
         numbers=numbers,
+    )
+
+
+# ======================================================================= rope-layout-mix-up
+
+
+def wrong_read_gguf_q_k(gguf_params, config):
+    # llama.cpp's converter permuted each head's attn_q / attn_k rows for GGML's interleaved pairs (2i, 2i + 1);
+    # taken over as they are, and rotated with HF's rotate_half pairs (i, i + d_k/2):
+    return dict(gguf_params), config.replace(rope_layout="halves")
+
+
+def ours_read_gguf_q_k(gguf_params, config):
+    from transformer_spec.rope import convert_rope_layout
+
+    file_config = config.replace(rope_layout="interleaved")  # the layout the file's q/k rows are laid out for
+    return convert_rope_layout(gguf_params, file_config, to="halves"), config.replace(rope_layout="halves")
+
+
+@register("rope-layout-mix-up", "RoPE weights read in the other rotary layout", BACKENDS)
+def rope_layout_mix_up(backend: str) -> Demonstration:
+    """Rotary position embedding rotates pairs of each head's query and key features, and which
+    features form a pair is a convention: HF's Llama pairs i with i + d_k/2 ("halves"), GGUF files,
+    GGML and GPT-J pair 2i with 2i + 1 ("interleaved"), and a GGUF file's q/k rows are permuted to
+    match. Loading such weights into a halves model without undoing that permutation
+    (transformer_spec.rope) raises nothing and changes no shape: every pair is rotated at another
+    pair's frequency, so the logits are wrong at every position but the first (a token at relative
+    distance 0 is not rotated at all), which is why a one-token test passes. On the real
+    SmolLM2-135M the mixed-up model still writes fluent text that soon repeats itself (the SmolLM2
+    page shows it)."""
+    b = _backend(backend)
+    config = Config.preset("tiny-llama")  # 9 query heads, 3 kv heads, d_k 6, rotary, halves layout
+    hf_params = init_params(config, seed=11, dtype=DTYPE)  # the HF-layout model, as trained
+    gguf_params = convert_rope_layout(hf_params, config, "interleaved")  # as llama.cpp writes it to a GGUF file
+    ids = np.random.default_rng(12).integers(1, config.tgt_vocab_size, size=(2, 16))  # (B, T)
+
+    def logits_and_scores(config, params):
+        model = b.impl.build_model(config, params)
+        logits = b.call(model, ids).logits  # (B, T, vocab)
+        scores = b.impl.trace_model(model, b.asarray(ids))["decoder.layers.0.self_attn.scores"]  # (B, H, T, T)
+        return logits, scores
+
+    reference, reference_scores = logits_and_scores(config, hf_params)
+    wrong, wrong_scores = logits_and_scores(*reversed(wrong_read_gguf_q_k(gguf_params, config)))
+    ours, _ = logits_and_scores(*reversed(ours_read_gguf_q_k(gguf_params, config)))
+    as_file, _ = logits_and_scores(config.replace(rope_layout="interleaved"), gguf_params)  # the file's own layout
+    diagonal = np.eye(ids.shape[1], dtype=bool)  # (T_q, T_k): a query and its own key, relative distance 0
+    score_difference = np.abs(wrong_scores - reference_scores)  # (B, H, T, T)
+    numbers = {
+        "d_k": config.d_k,
+        "num_heads": config.num_heads,
+        "num_kv_heads": config.kv_heads,
+        "seq_len": ids.shape[1],
+        "max_abs_logit": float(np.abs(reference).max()),
+        "wrong_max_abs_logit_difference": float(np.abs(wrong - reference).max()),
+        "wrong_first_position_difference": float(np.abs(wrong - reference)[:, 0].max()),
+        "wrong_same_next_token": float((wrong.argmax(-1) == reference.argmax(-1)).mean()),
+        "wrong_layer0_scores_diagonal_difference": float(score_difference[..., diagonal].max()),
+        "wrong_layer0_scores_off_diagonal_difference": float(score_difference[..., ~diagonal].max()),
+        "ours_max_abs_logit_difference": float(np.abs(ours - reference).max()),
+        "file_layout_max_abs_logit_difference": float(np.abs(as_file - reference).max()),
+    }
+    return Demonstration(
+        pitfall="rope-layout-mix-up",
+        backend=backend,
+        wrong_code=source(wrong_read_gguf_q_k),
+        ours_code=source(ours_read_gguf_q_k),
+        wrong=(
+            f"logits off by up to {_g(numbers['wrong_max_abs_logit_difference'])} (largest logit "
+            f"{_g(numbers['max_abs_logit'])}), the same next token at {numbers['wrong_same_next_token']:.0%} of the "
+            f"positions; position 0 off by {_g(numbers['wrong_first_position_difference'])}, layer 0's scores "
+            f"equal on the diagonal ({_g(numbers['wrong_layer0_scores_diagonal_difference'])}), off it by up to "
+            f"{_g(numbers['wrong_layer0_scores_off_diagonal_difference'])}"
+        ),
+        ours=(
+            f"permuted back, the weights are the HF model's: logits off by "
+            f"{_g(numbers['ours_max_abs_logit_difference'])}; "
+            f"the file's weights run in the interleaved layout: off by "
+            f"{_g(numbers['file_layout_max_abs_logit_difference'])}"
+        ),
+        numbers=numbers,
+    )
+
+
+# ========================================================================== gqa-repeat-order
+
+
+def wrong_repeat_kv_numpy(x, groups):
+    return np.tile(x, (1, groups, 1, 1))  # (B, H, T, d_k): kv heads 0, 1, 2, 0, 1, 2, ..: head h reads h % H_kv
+
+
+def wrong_repeat_kv_jax(x, groups):
+    import jax.numpy as jnp
+
+    return jnp.tile(x, (1, groups, 1, 1))  # (B, H, T, d_k): kv heads 0, 1, 2, 0, 1, 2, ..: head h reads h % H_kv
+
+
+def wrong_repeat_kv_torch(x, groups):
+    return x.repeat(1, groups, 1, 1)  # (B, H, T, d_k): Tensor.repeat tiles (np.tile); np.repeat is repeat_interleave
+
+
+WRONG_REPEAT_KV = {"numpy": wrong_repeat_kv_numpy, "jax": wrong_repeat_kv_jax, "torch": wrong_repeat_kv_torch}
+
+
+def wrong_grouped_query_attention(impl, repeat, q, k, v):
+    groups = q.shape[1] // k.shape[1]  # query heads per key/value head
+    k, v = repeat(k, groups), repeat(v, groups)  # (B, H_kv, T, d_k) -> (B, H, T, d_k) each
+    return impl.scaled_dot_product_attention(q, k, v)  # (B, H, T, d_k), weights (B, H, T, T)
+
+
+def ours_grouped_query_attention(impl, q, k, v):
+    groups = q.shape[1] // k.shape[1]  # query heads per key/value head
+    k, v = impl.repeat_kv(k, groups), impl.repeat_kv(v, groups)  # head h reads kv head h // groups
+    return impl.scaled_dot_product_attention(q, k, v)  # (B, H, T, d_k), weights (B, H, T, T)
+
+
+def _kv_head_read(context: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> list[int]:
+    """Which key/value head each query head of ``context`` (B, H, T, d_k) attended with: the kv head
+    whose NumPy attention reproduces that head's output (-1: none)."""
+    read = []
+    for head in range(q.shape[1]):
+        found = -1
+        for kv in range(k.shape[1]):
+            scores = q[:, head] @ k[:, kv].swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (B, T, T)
+            weights = np.exp(scores - scores.max(-1, keepdims=True))
+            if np.abs(weights / weights.sum(-1, keepdims=True) @ v[:, kv] - context[:, head]).max() < 1e-12:
+                found = kv
+        read.append(found)
+    return read
+
+
+@register("gqa-repeat-order", "Grouped-query attention with the key/value heads tiled, not repeated", BACKENDS)
+def gqa_repeat_order(backend: str) -> Demonstration:
+    """In grouped-query attention H query heads share H_kv key/value heads, and query head h reads kv
+    head h // (H / H_kv): the kv heads must be repeated in place (0, 0, 0, 1, 1, 1, ...), as HF's
+    repeat_kv, np.repeat and torch.repeat_interleave do. Tiling them (0, 1, 2, 0, 1, 2, ...: np.tile,
+    jnp.tile, and torch's Tensor.repeat, whose name says the opposite) pairs most query heads with
+    another group's keys and values; nothing fails, and a model loaded from real weights computes
+    nonsense. With H_kv = H (multi-head attention) or H_kv = 1 (multi-query) the two orders are the
+    same, which is why a test suite of multi-head configurations never sees the bug."""
+    b, wrong_repeat = _backend(backend), WRONG_REPEAT_KV[backend]
+    config = Config.preset("tiny-llama")  # 9 query heads in 3 groups of 3, d_k 6
+    rng = np.random.default_rng(13)
+    numbers: dict[str, Any] = {"num_heads": config.num_heads}
+    arrays: dict[str, np.ndarray] = {}
+    for label, kv_heads in (("gqa", config.kv_heads), ("mha", config.num_heads), ("mqa", 1)):
+        q = rng.standard_normal((2, config.num_heads, 5, config.d_k))  # (B, H, T, d_k)
+        k, v = (rng.standard_normal((2, kv_heads, 5, config.d_k)) for _ in range(2))  # (B, H_kv, T, d_k)
+        wrong, _ = wrong_grouped_query_attention(b.impl, wrong_repeat, *map(b.asarray, (q, k, v)))
+        ours, _ = ours_grouped_query_attention(b.impl, *map(b.asarray, (q, k, v)))
+        wrong, ours = b.to_numpy(wrong), b.to_numpy(ours)  # (B, H, T, d_k)
+        numbers[f"{label}_kv_heads"] = kv_heads
+        numbers[f"{label}_max_abs_difference"] = float(np.abs(wrong - ours).max())
+        if label == "gqa":
+            numbers["wrong_kv_head_read"] = _kv_head_read(wrong, q, k, v)
+            numbers["ours_kv_head_read"] = _kv_head_read(ours, q, k, v)
+            numbers["heads_right_by_chance"] = int((np.abs(wrong - ours).max(axis=(0, 2, 3)) == 0).sum())
+            arrays = {"q": q, "k": k, "v": v, "wrong": wrong, "ours": ours}
+    return Demonstration(
+        pitfall="gqa-repeat-order",
+        backend=backend,
+        wrong_code=source(wrong_repeat, wrong_grouped_query_attention),
+        ours_code=source(ours_grouped_query_attention),
+        wrong=(
+            f"{config.num_heads} query heads over {config.kv_heads} kv heads read kv heads "
+            f"{numbers['wrong_kv_head_read']}: output off by up to {_g(numbers['gqa_max_abs_difference'])} "
+            f"({numbers['heads_right_by_chance']} heads right by chance); with {config.num_heads} kv heads (MHA) "
+            f"off by {_g(numbers['mha_max_abs_difference'])}, with 1 (MQA) by {_g(numbers['mqa_max_abs_difference'])}"
+        ),
+        ours=f"query heads read kv heads {numbers['ours_kv_head_read']}",
+        numbers=numbers,
+        arrays=arrays,
     )

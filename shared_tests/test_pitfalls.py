@@ -194,6 +194,41 @@ def test_float64_without_x64_is_float32_and_ours_refuses(request, framework):
     assert n["ours_error_type"] == "TypeError" and "jax_enable_x64" in n["ours_error"]
 
 
+@over("rope-layout-mix-up")
+def test_gguf_q_k_read_in_the_halves_layout_are_wrong_after_the_first_position(request, framework):
+    n = demonstrate(request, "rope-layout-mix-up", framework).numbers
+    assert n["wrong_max_abs_logit_difference"] > 0.3 * n["max_abs_logit"]  # not a rounding difference
+    assert n["wrong_same_next_token"] < 0.8
+    assert n["wrong_first_position_difference"] <= 1e-12  # position 0 is not rotated: a one-token test passes
+    assert n["wrong_layer0_scores_diagonal_difference"] <= 1e-12  # relative distance 0 is not rotated either
+    assert n["wrong_layer0_scores_off_diagonal_difference"] > 0.1
+    assert n["ours_max_abs_logit_difference"] == 0.0  # the permutation undone: the same weights, exactly
+    assert n["file_layout_max_abs_logit_difference"] <= tolerances.TOLERANCE["float64"] * 10  # another computation
+
+
+@over("gqa-repeat-order")
+def test_tiled_kv_heads_pair_query_heads_with_another_groups_keys(request, framework):
+    demo = demonstrate(request, "gqa-repeat-order", framework)
+    n, a = demo.numbers, demo.arrays
+    heads, kv_heads = n["num_heads"], n["gqa_kv_heads"]
+    groups = heads // kv_heads
+    assert (heads, kv_heads) == (9, 3)
+
+    def attention_reading(kv_head_of):  # per query head h, attention over kv head kv_head_of(h)
+        kv = [kv_head_of(h) for h in range(heads)]
+        k, v = a["k"][:, kv], a["v"][:, kv]  # (B, H, T, d_k)
+        return softmax(a["q"] @ np.swapaxes(k, -1, -2) / math.sqrt(a["q"].shape[-1])) @ v
+
+    assert_close(a["ours"], attention_reading(lambda h: h // groups), "float64", "ours: head h reads h // groups")
+    assert_close(a["wrong"], attention_reading(lambda h: h % kv_heads), "float64", "wrong: head h reads h % H_kv")
+    assert n["ours_kv_head_read"] == [h // groups for h in range(heads)]  # 0, 0, 0, 1, 1, 1, 2, 2, 2
+    assert n["wrong_kv_head_read"] == [h % kv_heads for h in range(heads)]  # 0, 1, 2, 0, 1, 2, ...
+    assert n["heads_right_by_chance"] == sum(h // groups == h % kv_heads for h in range(heads)) == 3
+    assert n["gqa_max_abs_difference"] > 0.1
+    assert n["mha_kv_heads"] == heads and n["mha_max_abs_difference"] == 0.0  # multi-head: nothing to repeat
+    assert n["mqa_kv_heads"] == 1 and n["mqa_max_abs_difference"] == 0.0  # multi-query: one head, any order
+
+
 # ---------------------------------------------------------- the registry, the page, the command
 
 
