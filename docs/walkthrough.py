@@ -48,22 +48,6 @@ def measure(backends: tuple[str, ...] = BACKENDS) -> dict:
         traces[name] = backend.impl.trace_model(model, backend.asarray(ids))
         if not traces[name]:
             raise RuntimeError(f"{name}: trace_model recorded nothing")
-    reference = traces[backends[0]]
-    names = list(reference) + [n for b in backends[1:] for n in traces[b] if n not in reference]
-    steps = []
-    for step in names:
-        shapes = {b: list(traces[b][step].shape) if step in traces[b] else None for b in backends}
-        max_diff = {}
-        for b in backends[1:]:
-            got, want = traces[b].get(step), reference.get(step)
-            same_shape = got is not None and want is not None and got.shape == want.shape
-            diff = np.abs(got.astype(np.float64) - want.astype(np.float64)).max() if same_shape else None
-            max_diff[b] = None if diff is None else float(f"{diff:.3g}")
-        steps.append({"name": step, "shapes": shapes, "max_diff": max_diff})
-    versions = {"python": platform.python_version()}
-    for module in ("numpy", "jax", "flax", "torch"):
-        if module in sys.modules:
-            versions[module] = sys.modules[module].__version__
     return {
         "text": TEXT,
         "tokens": [tokenizer.inverse[int(i)] for i in ids[0]],
@@ -79,9 +63,43 @@ def measure(backends: tuple[str, ...] = BACKENDS) -> dict:
             "model, the same path as its weights' names."
         ),
         "command": "python -m docs.walkthrough",
-        "versions": versions,
-        "steps": steps,
+        "versions": versions(),
+        "steps": compare_steps(traces, backends),
     }
+
+
+def compare_steps(traces: dict[str, dict], backends: tuple[str, ...]) -> list[dict]:
+    """Each backend's trace (name -> array) -> one step per name: its shape in each backend and
+    its largest absolute difference from the first backend's (3 significant digits)."""
+    reference = traces[backends[0]]
+    names = list(reference) + [n for b in backends[1:] for n in traces[b] if n not in reference]
+    steps = []
+    for step in names:
+        shapes = {b: list(traces[b][step].shape) if step in traces[b] else None for b in backends}
+        max_diff = {}
+        for b in backends[1:]:
+            got, want = traces[b].get(step), reference.get(step)
+            same_shape = got is not None and want is not None and got.shape == want.shape
+            diff = np.abs(got.astype(np.float64) - want.astype(np.float64)).max() if same_shape else None
+            max_diff[b] = None if diff is None else float(f"{diff:.3g}")
+        steps.append({"name": step, "shapes": shapes, "max_diff": max_diff})
+    return steps
+
+
+def versions() -> dict[str, str]:
+    """Python's version and those of the frameworks imported so far."""
+    found = {"python": platform.python_version()}
+    for module in ("numpy", "jax", "flax", "torch"):
+        if module in sys.modules:
+            found[module] = sys.modules[module].__version__
+    return found
+
+
+def write_json(data: dict, out: pathlib.Path) -> None:
+    """``data`` as indented JSON, except its "steps": one step per line, so that a diff reads well."""
+    head = json.dumps({k: v for k, v in data.items() if k != "steps"}, indent=1, ensure_ascii=False)[:-2]
+    steps = ",\n".join("  " + json.dumps(step, ensure_ascii=False) for step in data["steps"])
+    out.write_text(f'{head},\n "steps": [\n{steps}\n ]\n}}\n', encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=OUT)
     args = parser.parse_args(argv)
     data = measure()
-    head = json.dumps({k: v for k, v in data.items() if k != "steps"}, indent=1)[:-2]  # without the closing }
-    steps = ",\n".join("  " + json.dumps(step) for step in data["steps"])  # one step per line
-    args.out.write_text(f'{head},\n "steps": [\n{steps}\n ]\n}}\n', encoding="utf-8")
+    write_json(data, args.out)
     print(f"wrote {len(data['steps'])} steps to {args.out}")
     return 0
 
