@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 
 from backend_adapters import get_backend
-from transformer_spec.tolerances import TOLERANCE, max_relative_difference
+from transformer_spec.tolerances import max_relative_difference, tolerance
 
 from .inputs import (
     ModelInput,
@@ -88,8 +88,9 @@ def trace_runs(model_input: ModelInput, runs: list[tuple[str, str]], progress=No
     return traces
 
 
-def compare_traces(reference: dict, traces: dict[str, dict]) -> tuple[list[Row], Row | None]:
-    """Every intermediate of ``reference`` against the same name in each trace.
+def compare_traces(reference: dict, traces: dict[str, dict], layers: int = 2) -> tuple[list[Row], Row | None]:
+    """Every intermediate of ``reference`` against the same name in each trace, held to the
+    tolerance of a stack of ``layers`` layers (``transformer_spec.tolerances.tolerance``).
 
     -> (a row per intermediate, the first row where some run is beyond tolerance or None).
     A name missing from a run, or a shape that differs, counts as a divergence (error inf)."""
@@ -103,7 +104,7 @@ def compare_traces(reference: dict, traces: dict[str, dict]) -> tuple[list[Row],
             except AssertionError:  # another shape, or NaN/inf
                 error = float("inf")
             errors[label] = error
-            if error > TOLERANCE[label.split()[-1]]:
+            if error > tolerance(label.split()[-1], layers):
                 over.append(label)
         row = Row(name, tuple(want.shape), errors, over)
         rows.append(row)
@@ -133,11 +134,14 @@ def run(args: argparse.Namespace) -> int:
     traces = {label: trace for label, trace in traces.items() if ("numpy", "float64") in runs} | trace_runs(
         model_input, [run for run in runs if run != ("numpy", "float64")], progress
     )
-    rows, first = compare_traces(reference, traces)
+    config = model_input.config
+    layers = config.num_encoder_layers * config.uses_encoder + config.num_decoder_layers * config.uses_decoder
+    rows, first = compare_traces(reference, traces, layers)
 
     labels = list(traces)
     width = max(len(r.name) for r in rows) + 2
-    print(f"\nmax |diff| / max |reference| against NumPy float64 ('!' = beyond tolerance: {_tolerances(dtypes)})\n")
+    bounds = _tolerances(dtypes, layers)
+    print(f"\nmax |diff| / max |reference| against NumPy float64 ('!' = beyond tolerance: {bounds})\n")
     header = f"{'intermediate':<{width}}{'shape':<20}" + "".join(f"{label:>15}" for label in labels)
     print(header)
     print("-" * len(header))
@@ -159,5 +163,6 @@ def _cell(error: float, over: bool) -> str:
     return ("missing" if error == float("inf") else f"{error:.2e}") + ("!" if over else " ")
 
 
-def _tolerances(dtypes: list[str]) -> str:
-    return ", ".join(f"{TOLERANCE[d]:.0e} in {d}" for d in dtypes)
+def _tolerances(dtypes: list[str], layers: int) -> str:
+    deep = f" ({layers} layers)" if layers > 2 else ""
+    return ", ".join(f"{tolerance(d, layers):.2g} in {d}" for d in dtypes) + deep
