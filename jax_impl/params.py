@@ -37,9 +37,17 @@ def _check_x64(dtype: str) -> None:  # differs: jax-x64
         )
 
 
-def from_params(module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:
-    """Build ``module_class(config)`` and load the canonical ``params`` into it."""
-    schema, dtype = check_weights_to_load(module_class, config, params, dtype)
+def from_params(
+    module_class: type,
+    config: Config,
+    params: Mapping[str, Any],
+    dtype: str | None = None,
+    *,
+    allow_non_finite: bool = False,
+) -> Any:
+    """Build ``module_class(config)`` and load the canonical ``params`` into it; ``WeightsError`` when
+    they do not fit it or hold NaN or inf (unless ``allow_non_finite``)."""
+    schema, dtype = check_weights_to_load(module_class, config, params, dtype, allow_non_finite)
     # differs: jax-x64
     _check_x64(dtype)
     module = module_class(config, dtype)
@@ -62,15 +70,17 @@ def to_params(module: Any) -> dict[str, np.ndarray]:
     return params
 
 
-def build_model(config: Config, params: Mapping[str, Any], dtype: str | None = None) -> Any:
+def build_model(
+    config: Config, params: Mapping[str, Any], dtype: str | None = None, *, allow_non_finite: bool = False
+) -> Any:
     """The model class that ``config.kind`` names, loaded with ``params``, in inference mode
     (dropout off, as a pretrained model loads; ``model.train()`` switches it on)."""
-    model = from_params(MODEL_CLASSES[config.kind], config, params, dtype)
+    model = from_params(MODEL_CLASSES[config.kind], config, params, dtype, allow_non_finite=allow_non_finite)
     model.eval()  # (torch's eval returns the model, NNX's returns None)
     return model
 
 
-def load_model(path: str, dtype: str | None = None) -> Any:
+def load_model(path: str, dtype: str | None = None, *, allow_non_finite: bool = False) -> Any:
     """A model from a safetensors file written by ``transformer_spec.save_params``."""
-    params, config = load_params(path)
-    return build_model(config, params, dtype)
+    params, config = load_params(path, allow_non_finite=allow_non_finite)
+    return build_model(config, params, dtype, allow_non_finite=allow_non_finite)

@@ -20,9 +20,17 @@ def _to_torch_layout(parent: Any, leaf: str, value: np.ndarray) -> np.ndarray:  
     return value.T if isinstance(parent, nn.Linear) and leaf == "weight" else value
 
 
-def from_params(module_class: type, config: Config, params: Mapping[str, Any], dtype: str | None = None) -> nn.Module:
-    """Build ``module_class(config)`` and load the canonical ``params`` into it (eval mode)."""
-    schema, dtype = check_weights_to_load(module_class, config, params, dtype)
+def from_params(
+    module_class: type,
+    config: Config,
+    params: Mapping[str, Any],
+    dtype: str | None = None,
+    *,
+    allow_non_finite: bool = False,
+) -> nn.Module:
+    """Build ``module_class(config)`` and load the canonical ``params`` into it (eval mode);
+    ``WeightsError`` when they do not fit it or hold NaN or inf (unless ``allow_non_finite``)."""
+    schema, dtype = check_weights_to_load(module_class, config, params, dtype, allow_non_finite)
     module = module_class(config, dtype)
     # differs: framework-params
     with torch.no_grad():
@@ -44,15 +52,17 @@ def to_params(module: nn.Module) -> dict[str, np.ndarray]:
     return params
 
 
-def build_model(config: Config, params: Mapping[str, Any], dtype: str | None = None) -> nn.Module:
+def build_model(
+    config: Config, params: Mapping[str, Any], dtype: str | None = None, *, allow_non_finite: bool = False
+) -> nn.Module:
     """The model class that ``config.kind`` names, loaded with ``params``, in inference mode
     (dropout off, as a pretrained model loads; ``model.train()`` switches it on)."""
-    model = from_params(MODEL_CLASSES[config.kind], config, params, dtype)
+    model = from_params(MODEL_CLASSES[config.kind], config, params, dtype, allow_non_finite=allow_non_finite)
     model.eval()  # (torch's eval returns the model, NNX's returns None)
     return model
 
 
-def load_model(path: str, dtype: str | None = None) -> nn.Module:
+def load_model(path: str, dtype: str | None = None, *, allow_non_finite: bool = False) -> nn.Module:
     """A model from a safetensors file written by ``transformer_spec.save_params``."""
-    params, config = load_params(path)
-    return build_model(config, params, dtype)
+    params, config = load_params(path, allow_non_finite=allow_non_finite)
+    return build_model(config, params, dtype, allow_non_finite=allow_non_finite)

@@ -215,11 +215,18 @@ class Config:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Config:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+    def from_dict(cls, values: dict[str, Any], complete: bool = False) -> Config:
+        """A Config from ``{field: value}``; unknown fields are refused, and with ``complete``
+        missing ones too (a weights file stores them all), each named."""
+        if not isinstance(values, dict):
+            raise TypeError(f"a Config is read from a dict of fields, got {type(values).__name__} {values!r:.80}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(str(k) for k in set(values) - set(known))
         if unknown:
             raise ValueError(f"unknown Config fields {unknown}; expected some of {sorted(known)}")
+        missing = [name for name in known if name not in values]
+        if complete and missing:
+            raise ValueError(f"Config fields missing: {missing} (every field is stored)")
         return cls(**values)
 
     @classmethod
