@@ -22,10 +22,10 @@ from safetensors.numpy import load_file
 
 from .checks import WeightsError, WeightsFileError, check_params
 from .config import Config
-from .schema import param_schema
+from .hf_common import check_buffer, check_state_dict
+from .schema import Schema, param_schema
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
-_BUFFERS = ("embeddings.position_ids",)  # in the file, not weights
 
 
 def bert_config(hf: Mapping[str, object]) -> Config:
@@ -77,18 +77,53 @@ def _is_linear(name: str) -> bool:
     return name.endswith(".weight") and (".w_" in name or name.startswith("pooler."))
 
 
-def from_hf_bert(state_dict: Mapping[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
-    """A BertModel state_dict (keys with or without ``bert.``) -> canonical weights."""
-    state = {k.removeprefix("bert."): v for k, v in state_dict.items()}
+def _check_bert_config(config: Config) -> None:
+    """Only BERT-shaped Configs map onto a BertModel (e.g. not a pre-norm or rotary one)."""
+    want = {"kind": "encoder_only", "positional": "learned", "norm": "layer_norm", "norm_first": False,
+            "embedding_norm": True, "bias": True, "use_attention_bias": True, "use_ffn_bias": True,
+            "gated_ffn": False, "kv_heads": config.num_heads, "use_encoder_final_norm": False}  # fmt: skip
+    for name, value in want.items():
+        if getattr(config, name) != value:
+            raise ValueError(f"a BERT has {name}={value!r}, but the config has {getattr(config, name)!r}")
+    if config.type_vocab_size < 1:
+        raise ValueError(f"a BERT has a token-type table, but the config has type_vocab_size={config.type_vocab_size}")
+
+
+def _pairs(config: Config) -> dict[str, str]:
+    """``_key_map`` without the pooler when the config has none (``BertModel(add_pooling_layer=False)``)."""
+    _check_bert_config(config)
     pairs = _key_map(config)
-    if not config.pooler:
-        pairs = {k: v for k, v in pairs.items() if not k.startswith("pooler.")}
-    missing = sorted(theirs for theirs in pairs.values() if theirs not in state)
-    if missing:
-        raise WeightsError(f"not a BERT checkpoint for this config: missing keys {missing[:8]}")
+    return pairs if config.pooler else {k: v for k, v in pairs.items() if not k.startswith("pooler.")}
+
+
+def bert_schema(config: Config) -> Schema:
+    """The weights of a ``BertModel`` for ``config``: Hugging Face name -> shape ([out, in] Linears)."""
+    schema = param_schema(config)
+    return {theirs: schema[ours][::-1] if _is_linear(ours) else schema[ours] for ours, theirs in _pairs(config).items()}
+
+
+def _buffers(config: Config) -> Schema:
+    """Buffers an older BertModel's state_dict holds besides its weights (checked, then skipped)."""
+    return {"embeddings.position_ids": (1, config.max_len), "embeddings.token_type_ids": (1, config.max_len)}
+
+
+def from_hf_bert(state_dict: Mapping[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
+    """A BertModel state_dict (keys with or without ``bert.``) -> canonical weights.
+
+    Every key and shape is checked (``WeightsError`` naming each missing, unexpected or
+    mis-shaped one): a checkpoint with a layer more than the config, a head of another model
+    (``cls.*``) or a pooler the config lacks is refused, never dropped. The buffers
+    ``embeddings.position_ids`` and ``token_type_ids``, if present, must hold 0, 1, 2, ... and 0s."""
+    state = {k.removeprefix("bert."): v for k, v in state_dict.items()}
+    if len(state) != len(state_dict):
+        both = sorted(k for k in state_dict if k.startswith("bert.") and k.removeprefix("bert.") in state_dict)
+        raise WeightsError(f"keys given both with and without the bert. prefix: {both[:8]}")
+    arrays = check_state_dict(state, bert_schema(config), _buffers(config), what="a BertModel of this config")
+    check_buffer(arrays, "embeddings.position_ids", lambda: np.arange(config.max_len)[None], "0, 1, 2, ...")
+    check_buffer(arrays, "embeddings.token_type_ids", lambda: np.zeros((1, config.max_len)), "all 0")
     params = {}
-    for ours, theirs in pairs.items():
-        value = np.asarray(state[theirs])
+    for ours, theirs in _pairs(config).items():
+        value = arrays[theirs]
         params[ours] = np.ascontiguousarray(value.T if _is_linear(ours) else value)
     check_params({k: v.shape for k, v in params.items()}, param_schema(config), what="the BERT config")
     return params
@@ -96,11 +131,11 @@ def from_hf_bert(state_dict: Mapping[str, np.ndarray], config: Config) -> dict[s
 
 def to_hf_bert(params: Mapping[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
     """Canonical weights -> a BertModel state_dict (no ``bert.`` prefix, no position_ids)."""
+    _check_bert_config(config)
     check_params({k: np.shape(v) for k, v in params.items()}, param_schema(config), what="the BERT config")
     return {
         theirs: np.ascontiguousarray(np.asarray(params[ours]).T if _is_linear(ours) else params[ours])
-        for ours, theirs in _key_map(config).items()
-        if ours in params
+        for ours, theirs in _pairs(config).items()
     }
 
 
@@ -115,8 +150,7 @@ def load_hf_bert(directory: str | os.PathLike) -> tuple[dict[str, np.ndarray], C
             )
     with open(config_path, encoding="utf-8") as f:
         config = bert_config(json.load(f))
-    state = {k: v for k, v in load_file(weights_path).items() if k.removeprefix("bert.") not in _BUFFERS}
-    return from_hf_bert(state, config), config
+    return from_hf_bert(load_file(weights_path), config), config
 
 
 def minilm_directory() -> str:

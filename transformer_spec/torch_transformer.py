@@ -23,9 +23,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .checks import WeightsError, check_params
+from .checks import check_params
 from .config import Config
-from .schema import param_schema
+from .hf_common import check_state_dict
+from .schema import Schema, param_schema
 
 # (our sub-layer name, torch's) inside one layer
 _ENCODER_LAYER = {
@@ -123,20 +124,18 @@ def from_torch_transformer(
     ``decoder.*`` weights; embeddings and generator are not in it), ``nn.TransformerEncoder``
     ("encoder"), ``nn.TransformerDecoder`` ("decoder"), one of their layers
     ("encoder_layer", "decoder_layer") or ``nn.MultiheadAttention`` ("attention")
-    -> canonical weights of the matching component."""
+    -> canonical weights of the matching component.
+
+    Every key and shape of the state_dict is checked against the module this config builds
+    before anything is converted (``WeightsError`` naming each missing, unexpected or
+    mis-shaped key): an extra layer, or a packed ``in_proj_weight`` with rows to spare, is
+    refused rather than dropped."""
     pairs = _key_map(config, module)
-    expected = set(pairs.values())
-    missing = sorted(expected - set(state_dict))
-    unexpected = sorted(set(state_dict) - expected)
-    if missing or unexpected:
-        raise WeightsError(
-            f"state_dict does not fit a torch {module} with this config: missing keys {missing}, "
-            f"unexpected keys {unexpected}"
-        )
+    arrays = check_state_dict(state_dict, torch_schema(config, module), {}, what=f"a torch {module} of this config")
     d = config.d_model
     params: dict[str, np.ndarray] = {}
     for ours, theirs in pairs.items():
-        value = np.asarray(state_dict[theirs])
+        value = arrays[theirs]
         if theirs.endswith(("in_proj_weight", "in_proj_bias")):
             row = ("w_q", "w_k", "w_v").index(ours.split(".")[-2])
             value = value[row * d : (row + 1) * d]  # q, k, v stacked along the output axis
@@ -151,15 +150,18 @@ def to_torch_transformer(
     params: Mapping[str, np.ndarray], config: Config, module: str = "transformer"
 ) -> dict[str, np.ndarray]:
     """The inverse: canonical weights -> a state_dict for ``module.load_state_dict``. For
-    module="transformer", keys other than ``encoder.*``/``decoder.*`` (embeddings, generator)
-    are left out."""
+    module="transformer", the model's other weights (embeddings, generator) may be given too
+    and are left out; every other key, and every shape, must fit (``WeightsError``)."""
+    _check_torch_config(config)
     pairs = _key_map(config, module)
+    schema = _schema(config, module)
+    others = param_schema(config) if module == "transformer" else {}
+    optional = {name: shape for name, shape in others.items() if name not in schema}
+    arrays = check_state_dict(params, schema, optional, what=f"the {module} schema")
     state: dict[str, np.ndarray] = {}
     packed: dict[str, list[np.ndarray]] = {}
     for ours, theirs in pairs.items():
-        if ours not in params:
-            raise WeightsError(f"weights for a torch {module} lack {ours!r}")
-        value = np.asarray(params[ours])
+        value = arrays[ours]
         if ours.endswith(".weight") and value.ndim == 2:
             value = value.T
         if theirs.endswith(("in_proj_weight", "in_proj_bias")):
@@ -169,6 +171,31 @@ def to_torch_transformer(
     for theirs, parts in packed.items():
         state[theirs] = np.ascontiguousarray(np.concatenate(parts, axis=0))
     return state
+
+
+def torch_schema(config: Config, module: str = "transformer") -> Schema:
+    """The state_dict of the torch ``module`` this config builds: torch's name -> shape
+    (``in_proj_weight`` [3 d_model, d_model], every Linear [out, in])."""
+    _check_torch_config(config)
+    pairs = _key_map(config, module)
+    schema = _schema(config, module)
+    shapes: Schema = {}
+    for ours, theirs in pairs.items():
+        shape = schema[ours][::-1] if ours.endswith(".weight") and len(schema[ours]) == 2 else schema[ours]
+        if theirs.endswith(("in_proj_weight", "in_proj_bias")):
+            shape = (3 * shape[0], *shape[1:])  # q, k and v stacked along the output axis
+        shapes[theirs] = shape
+    return shapes
+
+
+def _check_torch_config(config: Config) -> None:
+    """nn.Transformer's layers have the paper's parts only (its activation and norm placement
+    leave no trace in the weights): refuse a config whose weights it cannot hold."""
+    want = {"norm": "layer_norm", "gated_ffn": False, "kv_heads": config.num_heads,
+            "use_attention_bias": config.bias, "use_ffn_bias": config.bias}  # fmt: skip
+    for name, value in want.items():
+        if getattr(config, name) != value:
+            raise ValueError(f"torch's nn.Transformer has {name}={value!r}, the config {getattr(config, name)!r}")
 
 
 def _schema(config: Config, module: str) -> dict[str, tuple[int, ...]]:
