@@ -512,7 +512,9 @@ PAGES: tuple[Page, ...] = (
             "training.py: loss_and_grads",
             "optim.py: Adam",
             "train.py: _update, train_step, _cached_update, train",
-            "transformer_spec/train.py: train_loop",
+            "transformer_spec/train.py: train_loop, TrainingState",
+            "train.py: training_state, restore_training_state, _adam_moments, _set_adam_moments, "
+            "_adam_moment_variables, _set_adam_step, dropout_streams, set_dropout_streams",
             "transformer_spec/schedules.py: warmup_schedule",
         ),
         tests=(
@@ -523,6 +525,8 @@ PAGES: tuple[Page, ...] = (
         notes={
             "_update": "Not needed: eager code needs no separately compiled update.",
             "_cached_update": "Not needed: nothing walks the module graph on each step.",
+            "_adam_moment_variables": "Not needed: the moments are found by the parameter (torch) or by "
+            "the canonical name (NumPy's own Adam), not by a path through optax's state.",
         },
     ),
     Page(

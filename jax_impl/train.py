@@ -1,22 +1,30 @@
 """Training: one step is loss, gradients (``nnx.value_and_grad``) and an Adam update, the
-three compiled together into one XLA program by ``nnx.jit``."""
+three compiled together into one XLA program by ``nnx.jit``.
+
+A run can stop and resume exactly: ``training_state`` reads where it stands (Adam's step and
+moments under the weights' canonical names and layout, the dropout streams, the losses), and
+``restore_training_state`` puts that back into a new model and optimizer."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from transformer_spec import param_schema, parent_of
 from transformer_spec.batches import split_batch
 from transformer_spec.checks import inputs_checked
-from transformer_spec.train import train_loop
+from transformer_spec.train import TrainingState, train_loop
 
-from .layers import seed_dropout
+from .layers import Dropout, seed_dropout
 from .loss import cross_entropy
 from .optim import Adam
+from .params import _to_flax_name
 from .validate import check_token_ids
 
 
@@ -69,9 +77,85 @@ def train(
     label_smoothing: float = 0.0,
     callback: Callable[[int, float], None] | None = None,
     seed: int = 0,
+    resume: TrainingState | None = None,
+    checkpoint: Callable[[TrainingState], None] | None = None,
+    checkpoint_every: int = 0,
 ) -> list[float]:
     """``steps`` Adam updates at ``schedule``'s rates, cycling through ``batches`` in order;
     returns the loss of every step. The loop itself (training mode with dropout drawn from
-    ``seed``, ``callback(step, loss)``, back to inference mode) is ``transformer_spec.train``'s."""
+    ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
+    ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
+    is ``transformer_spec.train``'s."""
     optimizer = Adam(model, schedule)
-    return train_loop(model, optimizer, train_step, seed_dropout, batches, steps, label_smoothing, callback, seed)
+    return train_loop(
+        model, optimizer, train_step, seed_dropout, batches, steps, label_smoothing, callback, seed,
+        resume, checkpoint, checkpoint_every, training_state, restore_training_state,
+    )  # fmt: skip
+
+
+def training_state(model, optimizer: Adam, losses: list[float]) -> TrainingState:
+    """Where the run stands: Adam's step and moments (NumPy arrays, canonical names and layout),
+    the dropout streams and the losses so far. With the weights, all a resumed run needs."""
+    moments = {}
+    for name in param_schema(model.config, model.schema):
+        m, v = _adam_moments(optimizer, name)  # like the weight: [in, out] for a Linear
+        moments[f"m.{name}"], moments[f"v.{name}"] = m, v
+    return TrainingState(optimizer.t, list(losses), moments, dropout_streams(model))
+
+
+def restore_training_state(model, optimizer: Adam, state: TrainingState) -> None:
+    """Put ``state`` back into a new ``optimizer`` on ``model`` (which holds the run's weights):
+    the next step is ``state.step + 1`` at that step's rate, with the masks it would have drawn."""
+    for name in param_schema(model.config, model.schema):
+        _set_adam_moments(optimizer, name, state.moments[f"m.{name}"], state.moments[f"v.{name}"])
+    _set_adam_step(optimizer, state.step)
+    set_dropout_streams(model, state.dropout)
+
+
+def _adam_moments(optimizer: Adam, name: str) -> tuple[np.ndarray, np.ndarray]:
+    # differs: framework-optimizer
+    m, v = _adam_moment_variables(optimizer, name)  # nnx variables in optax's state, like the weight
+    return np.array(m[...]), np.array(v[...])
+
+
+def _set_adam_moments(optimizer: Adam, name: str, m: np.ndarray, v: np.ndarray) -> None:
+    # differs: framework-optimizer
+    m_variable, v_variable = _adam_moment_variables(optimizer, name)
+    m_variable[...] = jnp.asarray(m, dtype=m_variable[...].dtype)  # like the weight
+    v_variable[...] = jnp.asarray(v, dtype=v_variable[...].dtype)  # like the weight
+
+
+def _adam_moment_variables(optimizer: Adam, name: str) -> tuple:  # differs: framework-optimizer
+    """optax's m and v of the weight ``name`` (nnx variables), found by its path in the model's graph."""
+    parent, leaf = parent_of(optimizer.model, name)
+    path = [int(part) if part.isdigit() else part for part in name.split(".")[:-1]] + [_to_flax_name(parent, leaf)]
+    adam = optimizer.optimizer.opt_state.inner_state[0]  # optax.ScaleByAdamState(count, mu, nu)
+    return tuple(functools.reduce(lambda state, key: state[key], path, moments) for moments in (adam.mu, adam.nu))
+
+
+def _set_adam_step(optimizer: Adam, step: int) -> None:
+    """Adam's step count: its bias corrections, and the schedule's position."""
+    optimizer.t = step
+    # differs: framework-optimizer
+    state = optimizer.optimizer.opt_state
+    for count in (optimizer.optimizer.step, state.count, state.inner_state[0].count):  # nnx's, optax's, adam's
+        count[...] = jnp.asarray(step, dtype=count[...].dtype)
+
+
+def dropout_streams(model) -> list[Any]:
+    """Each Dropout's random stream where it stands, as JSON (its RngStream's key and count)."""
+    # differs: dropout-streams
+    dropouts = [module for _, module in nnx.iter_graph(model) if isinstance(module, Dropout)]
+    return [
+        {"key": np.asarray(jax.random.key_data(d.rngs.key[...])).tolist(), "count": int(d.rngs.count[...])}
+        for d in dropouts
+    ]
+
+
+def set_dropout_streams(model, streams: list[Any]) -> None:
+    """Put back what ``dropout_streams`` read: the next masks are those the run would have drawn."""
+    # differs: dropout-streams
+    dropouts = [module for _, module in nnx.iter_graph(model) if isinstance(module, Dropout)]
+    for module, stream in zip(dropouts, streams, strict=True):
+        module.rngs.key[...] = jax.random.wrap_key_data(jnp.asarray(stream["key"], dtype=jnp.uint32))
+        module.rngs.count[...] = jnp.asarray(stream["count"], dtype=jnp.uint32)

@@ -1,14 +1,21 @@
-"""Training: one step is loss, gradients (the hand-written backward), and an Adam update."""
+"""Training: one step is loss, gradients (the hand-written backward), and an Adam update.
+
+A run can stop and resume exactly: ``training_state`` reads where it stands (Adam's step and
+moments under the weights' canonical names and layout, the dropout streams, the losses), and
+``restore_training_state`` puts that back into a new model and optimizer."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from transformer_spec.train import train_loop
+from transformer_spec import param_schema
+from transformer_spec.train import TrainingState, train_loop
 
-from .layers import seed_dropout
+from .layers import Dropout, seed_dropout
+from .module import named_submodules
 from .optim import Adam
 from .training import loss_and_grads
 
@@ -28,9 +35,68 @@ def train(
     label_smoothing: float = 0.0,
     callback: Callable[[int, float], None] | None = None,
     seed: int = 0,
+    resume: TrainingState | None = None,
+    checkpoint: Callable[[TrainingState], None] | None = None,
+    checkpoint_every: int = 0,
 ) -> list[float]:
     """``steps`` Adam updates at ``schedule``'s rates, cycling through ``batches`` in order;
     returns the loss of every step. The loop itself (training mode with dropout drawn from
-    ``seed``, ``callback(step, loss)``, back to inference mode) is ``transformer_spec.train``'s."""
+    ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
+    ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
+    is ``transformer_spec.train``'s."""
     optimizer = Adam(model, schedule)
-    return train_loop(model, optimizer, train_step, seed_dropout, batches, steps, label_smoothing, callback, seed)
+    return train_loop(
+        model, optimizer, train_step, seed_dropout, batches, steps, label_smoothing, callback, seed,
+        resume, checkpoint, checkpoint_every, training_state, restore_training_state,
+    )  # fmt: skip
+
+
+def training_state(model, optimizer: Adam, losses: list[float]) -> TrainingState:
+    """Where the run stands: Adam's step and moments (NumPy arrays, canonical names and layout),
+    the dropout streams and the losses so far. With the weights, all a resumed run needs."""
+    moments = {}
+    for name in param_schema(model.config, model.schema):
+        m, v = _adam_moments(optimizer, name)  # like the weight: [in, out] for a Linear
+        moments[f"m.{name}"], moments[f"v.{name}"] = m, v
+    return TrainingState(optimizer.t, list(losses), moments, dropout_streams(model))
+
+
+def restore_training_state(model, optimizer: Adam, state: TrainingState) -> None:
+    """Put ``state`` back into a new ``optimizer`` on ``model`` (which holds the run's weights):
+    the next step is ``state.step + 1`` at that step's rate, with the masks it would have drawn."""
+    for name in param_schema(model.config, model.schema):
+        _set_adam_moments(optimizer, name, state.moments[f"m.{name}"], state.moments[f"v.{name}"])
+    _set_adam_step(optimizer, state.step)
+    set_dropout_streams(model, state.dropout)
+
+
+def _adam_moments(optimizer: Adam, name: str) -> tuple[np.ndarray, np.ndarray]:
+    # differs: framework-optimizer
+    m, v = optimizer.m[name], optimizer.v[name]  # like the weight
+    return np.array(m), np.array(v)
+
+
+def _set_adam_moments(optimizer: Adam, name: str, m: np.ndarray, v: np.ndarray) -> None:
+    # differs: framework-optimizer
+    dtype = optimizer.m[name].dtype
+    optimizer.m[name], optimizer.v[name] = np.array(m, dtype=dtype), np.array(v, dtype=dtype)  # like the weight
+
+
+def _set_adam_step(optimizer: Adam, step: int) -> None:
+    """Adam's step count: its bias corrections, and the schedule's position."""
+    optimizer.t = step
+
+
+def dropout_streams(model) -> list[Any]:
+    """Each Dropout's random stream where it stands, as JSON (its generator's state)."""
+    # differs: dropout-streams
+    dropouts = [module for _, module in named_submodules(model) if isinstance(module, Dropout)]
+    return [module.rng.bit_generator.state for module in dropouts]
+
+
+def set_dropout_streams(model, streams: list[Any]) -> None:
+    """Put back what ``dropout_streams`` read: the next masks are those the run would have drawn."""
+    # differs: dropout-streams
+    dropouts = [module for _, module in named_submodules(model) if isinstance(module, Dropout)]
+    for module, stream in zip(dropouts, streams, strict=True):
+        module.rng.bit_generator.state = stream
