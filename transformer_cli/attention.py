@@ -30,6 +30,7 @@ import numpy as np
 from backend_adapters import get_backend
 from transformer_spec import BACKENDS
 
+from .errors import UsageError, get_installed_backend, missing_extra
 from .inputs import ModelInput, add_model_arguments, describe, load_model_input, shown, token_line
 
 # model output field -> (file name stem, title, which token list gives the queries / the keys)
@@ -126,12 +127,12 @@ def draw(
 def run(args: argparse.Namespace) -> int:
     try:
         import matplotlib  # noqa: F401
-    except ImportError:
-        raise SystemExit("attention needs matplotlib: pip install -e '.[plots]'") from None
-    try:
-        get_backend(args.backend)
     except ImportError as error:
-        raise SystemExit(f"backend {args.backend!r} is not installed ({error.name})") from None
+        raise missing_extra("attention (drawing the heatmaps)", error, "plots") from None
+    get_installed_backend(args.backend)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out} is a file: give a folder for the PNGs")
     model_input = load_model_input(args)
     print(describe(model_input))
     for tokens in model_input.tokens:
@@ -144,7 +145,6 @@ def run(args: argparse.Namespace) -> int:
     heads = list(range(maps[0][2].shape[0])) if maps else []
     if args.heads:
         heads = sorted(_numbers("--heads", args.heads, len(heads), "head"))
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for i, (stem, title, weights, queries, keys) in enumerate(maps, 1):
         path = out / f"{stem}.png"
@@ -159,8 +159,8 @@ def _numbers(option: str, text: str, count: int, what: str) -> set[int]:
     try:
         numbers = {int(x) for x in text.split(",") if x.strip()}
     except ValueError:
-        raise SystemExit(f"{option} takes comma-separated numbers, got {text!r}") from None
+        raise UsageError(f"{option} takes comma-separated {what} numbers, got {text!r}") from None
     outside = sorted(n for n in numbers if not 0 <= n < count)
     if outside or not numbers:
-        raise SystemExit(f"{option} {text!r}: the model has {what}s 0..{count - 1}")
+        raise UsageError(f"{option} {text!r}: the model has {what}s 0..{count - 1}")
     return numbers

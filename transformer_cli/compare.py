@@ -23,6 +23,7 @@ import numpy as np
 
 from backend_adapters import get_backend
 
+from .errors import positive_int
 from .inputs import add_backends_argument, add_model_arguments, chosen_backends, describe, load_model_input
 
 
@@ -37,7 +38,9 @@ def add_parser(commands) -> None:
     parser.set_defaults(batch=2, length=11)  # a padded batch, T_src != T_tgt
     parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
     add_backends_argument(parser)
-    parser.add_argument("--repeat", type=int, default=5, help="timed calls per backend after the first")
+    parser.add_argument(
+        "--repeat", type=positive_int, default=5, help="timed calls per backend after the first (default: 5)"
+    )
     parser.add_argument(
         "--kernels",
         default="fused",

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from backend_adapters import get_backend
 from transformer_spec import BACKENDS
+
+from .errors import UsageError, get_installed_backend
 
 
 def add_parser(commands) -> None:
@@ -27,11 +28,13 @@ def run(args: argparse.Namespace) -> int:
     from transformer_spec.hf_bert import load_hf_bert, minilm_directory, sentence_embedding
     from transformer_spec.tokenizer import WordPieceTokenizer
 
+    backend = get_installed_backend(args.backend)
     try:
         directory = minilm_directory()
-        backend = get_backend(args.backend)
     except ImportError as error:
-        raise SystemExit(f"{error}") from None
+        raise UsageError(f"embed reads the real all-MiniLM-L6-v2: {error}") from None
+    if not all(sentence.strip() for sentence in args.sentences):
+        raise UsageError(f"each sentence must hold some text, got {args.sentences!r}")
     params, config = load_hf_bert(directory)
     tokenizer = WordPieceTokenizer.from_file(directory)
     batch = tokenizer(args.sentences)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 
 import numpy as np
 
 from backend_adapters import available_backends, get_backend
 from transformer_spec import BACKENDS
+
+from . import errors
 
 PRESETS = ("smollm2-135m",)
 
@@ -57,9 +58,8 @@ def add_parser(commands) -> None:
 
 
 def usage_error(message: str) -> SystemExit:
-    """A user error: one line on stderr, exit status 2 (as argparse's own errors)."""
-    print(f"transformer-ref generate: error: {message}", file=sys.stderr)
-    return SystemExit(2)
+    """A user error: one line on stderr, exit status 2 (``transformer_cli.errors``, as every command)."""
+    return errors.usage_error("generate", message)
 
 
 def check_arguments(args: argparse.Namespace) -> None:

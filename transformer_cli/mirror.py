@@ -24,10 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 
 from transformer_spec.differences import NUMPY_BACKWARD, ONE_BACKEND_FILES, PER_BACKEND_FILES, REASONS
 from transformer_spec.mirror import PACKAGES, PAIRS, ROOT, Report, mirror_report
+
+from .errors import UsageError, usage_error
 
 NO_REASON = "NO REASON"
 
@@ -59,12 +60,13 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     missing = [p for p in PACKAGES.values() if not (args.root / p).is_dir()]
-    if missing:
-        print(
-            f"transformer-ref mirror: {args.root} has no {', '.join(missing)}: --root must be a checkout",
-            file=sys.stderr,
-        )
+    if missing:  # printed as every user error is, and returned: 0, 1 and 2 are this report's statuses
+        usage_error("mirror", f"--root {args.root} has no {', '.join(missing)}: --root must be a checkout")
         return 2
+    if args.json and not args.json.parent.is_dir():
+        raise UsageError(f"--json {args.json}: the folder {args.json.parent} does not exist")
+    if args.json and args.json.is_dir():
+        raise UsageError(f"--json {args.json} is a folder: give a file name")
     pairs = list(PAIRS) if args.pair == "all" else [args.pair]
     report = mirror_report(args.root, pairs)
     print_report(report, pairs)

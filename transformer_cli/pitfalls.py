@@ -14,7 +14,10 @@ import argparse
 import textwrap
 
 import pitfalls
+from backend_adapters import available_backends
 from transformer_spec import BACKENDS
+
+from .errors import UsageError
 
 
 def add_parser(commands) -> None:
@@ -42,7 +45,10 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     unknown = [n for n in args.names if n not in pitfalls.REGISTRY]
     if unknown:
-        raise SystemExit(f"unknown pitfall(s) {unknown}; expected some of {list(pitfalls.REGISTRY)}")
+        raise UsageError(f"unknown pitfall(s) {unknown}; expected some of {list(pitfalls.REGISTRY)}")
+    missing = [b for b in args.backend or () if b not in available_backends()]
+    if missing:
+        raise UsageError(f"--backend {missing[0]} is not installed: pip install -e '.[{missing[0]}]'")
     names = args.names or list(pitfalls.REGISTRY)
     if args.list:
         for name in names:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from backend_adapters import get_backend
 from transformer_spec.tolerances import max_relative_difference, tolerance
 
+from .errors import UsageError
 from .inputs import (
     ModelInput,
     add_backends_argument,
@@ -128,12 +129,17 @@ def run(args: argparse.Namespace) -> int:
     def progress(label: str, seconds: float) -> None:
         print(f"  traced {label} ({seconds:.2f} s)", file=sys.stderr, flush=True)
 
-    print("tracing the NumPy float64 reference, then each backend (eagerly: JAX runs op by op)", file=sys.stderr)
-    traces = trace_runs(model_input, [("numpy", "float64")], progress)
-    reference = traces["numpy float64"]
-    traces = {label: trace for label, trace in traces.items() if ("numpy", "float64") in runs} | trace_runs(
-        model_input, [run for run in runs if run != ("numpy", "float64")], progress
-    )
+    start = time.perf_counter()
+    reference = trace_runs(model_input, [("numpy", "float64")])["numpy float64"]
+    if args.filter and not any(args.filter in name for name in reference):
+        example = next(iter(reference))
+        raise UsageError(
+            f"--filter {args.filter!r} matches none of the {len(reference)} intermediates (such as {example!r})"
+        )
+    print("traced the NumPy float64 reference, then each backend (eagerly: JAX runs op by op)", file=sys.stderr)
+    progress("numpy float64", time.perf_counter() - start)
+    traces = {"numpy float64": reference} if ("numpy", "float64") in runs else {}
+    traces |= trace_runs(model_input, [run for run in runs if run != ("numpy", "float64")], progress)
     config = model_input.config
     layers = config.num_encoder_layers * config.uses_encoder + config.num_decoder_layers * config.uses_decoder
     rows, first = compare_traces(reference, traces, layers)

@@ -8,20 +8,32 @@ Tasks (all shipped in the repository, nothing downloaded):
 
 Shows a progress bar (step, loss, target tokens per second), then greedy outputs of the
 trained model: held-out sequences for copy/reverse, the corpus for translate, sentence
-continuations for next-word. ``--save`` writes a canonical safetensors checkpoint that
-every backend loads (``transformer-ref compare --weights FILE``).
+continuations for next-word.
+
+``--save FILE`` writes a training checkpoint every ``--checkpoint-every`` steps (default 100)
+and after the last one, atomically: a run killed at any moment, in the middle of a save too,
+leaves the previous checkpoint whole. Every backend loads it as the trained model
+(``transformer-ref compare --weights FILE``, ``<backend>_impl.load_model``); ``--resume FILE``
+continues the run from it exactly as if it had never stopped (the same weights, Adam's
+moments and step, the schedule's position, the batches and the dropout masks: the float64
+loss curve is the uninterrupted one), with the settings stored in it.
+
+Examples:
+  transformer-ref train --task translate --steps 300 --save translate.safetensors
+  transformer-ref train --resume translate.safetensors --steps 400      # 100 steps more
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import numpy as np
 
-from backend_adapters import get_backend
-from transformer_spec import BACKENDS, Config, init_params, save_params
+from transformer_spec import BACKENDS, Config, WeightsError, WeightsFileError, init_params
+from transformer_spec.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from transformer_spec.data import (
     BOS,
     EOS,
@@ -35,23 +47,43 @@ from transformer_spec.data import (
 )
 from transformer_spec.schedules import warmup_schedule
 
+from .errors import UsageError, dropout_rate, get_installed_backend, positive_int, probability, seed
+
 TASKS = ("copy", "reverse", "translate", "next-word")
 DEFAULT_STEPS = {"copy": 600, "reverse": 600, "translate": 300, "next-word": 300}
+# The settings of a run (argparse's dest -> default). A resumed run takes them from its checkpoint;
+# an option given again must agree with it.
+RUN_DEFAULTS = {"task": "copy", "backend": "numpy", "dtype": "float32", "warmup": 200, "label_smoothing": 0.0,
+                "dropout": 0.0, "seed": 0}  # fmt: skip
 
 
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "train", help=__doc__.splitlines()[0], description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--task", default="copy", choices=TASKS)
-    parser.add_argument("--backend", default="numpy", choices=BACKENDS)
-    parser.add_argument("--steps", type=int, help="optimiser steps (default: 600 for copy/reverse, 300 otherwise)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    parser.add_argument("--warmup", type=int, default=200, help="warm-up steps of the paper's schedule")
-    parser.add_argument("--label-smoothing", type=float, default=0.0)
-    parser.add_argument("--dropout", type=float, default=0.0, help="dropout rate while training (the paper: 0.1)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--save", help="write the trained weights to this .safetensors file")
+    parser.add_argument("--task", choices=TASKS, help="(default: copy)")
+    parser.add_argument("--backend", choices=BACKENDS, help="(default: numpy)")
+    parser.add_argument(
+        "--steps", type=positive_int, help="optimiser steps in all (default: 600 for copy/reverse, 300 otherwise)"
+    )
+    parser.add_argument("--dtype", choices=["float32", "float64"], help="(default: float32)")
+    parser.add_argument("--warmup", type=positive_int, help="warm-up steps of the paper's schedule (default: 200)")
+    parser.add_argument("--label-smoothing", type=probability, help="(default: 0)")
+    parser.add_argument("--dropout", type=dropout_rate, help="dropout rate while training (the paper: 0.1; default: 0)")
+    parser.add_argument("--seed", type=seed, help="seed of the weights, the data and dropout (default: 0)")
+    parser.add_argument("--save", metavar="FILE", help="write training checkpoints (.safetensors) to FILE")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        metavar="N",
+        help="with --save: a checkpoint every N steps, and after the last (default: 100, or the resumed run's)",
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="FILE",
+        help="continue the run checkpointed in FILE (its settings; --steps may raise the total); saves to FILE "
+        "unless --save says otherwise",
+    )
     parser.set_defaults(run=run)
 
 
@@ -75,31 +107,88 @@ def task_setup(task: str, seed: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        backend = get_backend(args.backend)
-    except ImportError as error:
-        raise SystemExit(
-            f"backend {args.backend!r} is not installed ({error.name}): pip install -e '.[{args.backend}]'"
-        ) from None
-    config, batches, show = task_setup(args.task, args.seed)
-    config = config.replace(dropout=args.dropout)
-    steps = args.steps or DEFAULT_STEPS[args.task]
-    model = backend.impl.build_model(config, init_params(config, seed=args.seed, dtype=args.dtype))
-    schedule = warmup_schedule(config.d_model, args.warmup)
+    resumed = _load_resumed(args.resume) if args.resume else None
+    settings = _settings(args, resumed)
+    save = args.save or args.resume
+    if args.checkpoint_every is not None and not save:
+        raise UsageError(f"--checkpoint-every {args.checkpoint_every} needs --save FILE (where to write them)")
+    if save:
+        _check_writable("--save" if args.save else "--resume", save)
+    backend = get_installed_backend(settings["backend"])
+    config, batches, show = task_setup(settings["task"], settings["seed"])
+    config = config.replace(dropout=settings["dropout"])
+    done = resumed.state.step if resumed else 0
+    steps = args.steps or (resumed.run["steps"] if resumed else DEFAULT_STEPS[settings["task"]])
+    every = args.checkpoint_every or (resumed.run.get("checkpoint_every") if resumed else None) or 100
+    if steps < done:
+        raise UsageError(f"--steps {steps}: the run in {args.resume} has already done {done} steps")
+    if resumed and resumed.config != config:
+        raise UsageError(f"--resume {args.resume}: its config is not the one task {settings['task']!r} trains")
+    params = resumed.params if resumed else init_params(config, seed=settings["seed"], dtype=settings["dtype"])
+    model = backend.impl.build_model(config, params)
+    schedule = warmup_schedule(config.d_model, settings["warmup"])
     tokens_per_step = [int((b.get("tgt_out", b.get("targets")) != config.pad_id).sum()) for b in batches]
-    print(f"training {args.task} in {args.backend} ({args.dtype}): {config.kind}, d_model {config.d_model}, "
-          f"{steps} steps, Adam with the paper's warm-up schedule ({args.warmup} steps)")  # fmt: skip
+    where = f", resumed at step {done} from {args.resume}" if resumed else ""
+    print(f"training {settings['task']} in {settings['backend']} ({settings['dtype']}): {config.kind}, "
+          f"d_model {config.d_model}, {steps} steps, Adam with the paper's warm-up schedule ({settings['warmup']} "
+          f"steps){where}")  # fmt: skip
+    run_record = settings | {"steps": steps, "checkpoint_every": every}
+
+    def checkpoint(state) -> None:
+        save_checkpoint(save, config, backend.impl.to_params(model), state, run_record)
+
     progress = ProgressBar(steps, tokens_per_step)
     losses = backend.impl.train(
-        model, batches, steps, schedule, args.label_smoothing, callback=progress, seed=args.seed
-    )
+        model, batches, steps, schedule, settings["label_smoothing"], callback=progress, seed=settings["seed"],
+        resume=resumed.state if resumed else None, checkpoint=checkpoint if save else None,
+        checkpoint_every=every,
+    )  # fmt: skip
     progress.close()
-    print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f}\n")
+    if save:
+        print(f"checkpoint: {save} (--resume {save} continues it; every backend loads it: <backend>_impl.load_model)")
+    if losses:
+        print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f}\n")
     show(backend, model)
-    if args.save:
-        save_params(args.save, backend.impl.to_params(model), config)
-        print(f"\nsaved the weights to {args.save} (load them in any backend: <backend>_impl.load_model)")
     return 0
+
+
+def _load_resumed(path: str) -> Checkpoint:
+    try:
+        resumed = load_checkpoint(path)
+    except (WeightsFileError, WeightsError) as error:
+        raise UsageError(f"--resume {path}: {error}") from None
+    missing = sorted((set(RUN_DEFAULTS) | {"steps"}) - set(resumed.run))
+    if missing:
+        raise UsageError(f"--resume {path}: not a checkpoint of transformer-ref train (its run lacks {missing})")
+    return resumed
+
+
+def _settings(args: argparse.Namespace, resumed: Checkpoint | None) -> dict:
+    """The run's settings: the options given, else the checkpoint's (when resuming), else the defaults.
+    Resuming with another setting than the checkpoint's would not continue the same run: refused."""
+    settings = {}
+    for name, default in RUN_DEFAULTS.items():
+        given = getattr(args, name)
+        stored = resumed.run[name] if resumed else None
+        if resumed and given is not None and given != stored:
+            option = "--" + name.replace("_", "-")
+            raise UsageError(
+                f"{option} {given}: the run in {args.resume} was trained with {option} {stored}; resume it with "
+                "the same (or leave the option out)"
+            )
+        settings[name] = given if given is not None else stored if resumed else default
+    return settings
+
+
+def _check_writable(option: str, path: str) -> None:
+    """Before training, not after: a folder that does not exist, or a folder given as the file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path} is a folder: give a file name (run.safetensors)")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{option} {path}: the folder {folder} is not writable")
 
 
 class ProgressBar:
