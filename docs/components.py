@@ -32,7 +32,6 @@ class Page:
 NOT_SHOWN = {
     "layers.py": {"_torch_dtype"},
     "module.py": {"with_prefix"},
-    "validate.py": {"_dtype"},
 }
 
 AUTOGRAD = "No counterpart: {framework} derives the backward pass from the forward one."
@@ -439,9 +438,16 @@ PAGES: tuple[Page, ...] = (
             "eagerly, then runs the whole forward pass as one `jax.jit` program (`_run`); the module is a pytree "
             "whose arrays are traced and whose config is static. In NumPy and torch `compiled(model)` is the model "
             "itself, so one caller serves every backend. Every model checks its inputs once, at its entry "
-            "(`check_inputs`); the submodules it calls trust them.",
+            "(`check_inputs`); the submodules it calls trust them. There it reads lists, tuples and other "
+            "frameworks' arrays as `np.asarray` does (`readable`), checks them, and returns them as its own "
+            "arrays (`to_backend`, `token_ids`, `attention_mask`): ids of every integer dtype, refused when "
+            "ragged. A component used on its own checks that its float inputs share its weights' dtype "
+            "(`check_float_inputs`, `weights_dtype`).",
         ),
-        code=("model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel, _run, compiled",),
+        code=(
+            "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel, _run, compiled",
+            "validate.py: readable, to_backend, token_ids, attention_mask, check_float_inputs, weights_dtype",
+        ),
         tests=("*test_models.py::*",),
         notes={
             "_run": "Not needed: runs eagerly, op by op.",

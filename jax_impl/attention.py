@@ -15,13 +15,18 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer_spec import Config
-from transformer_spec.checks import check_attention_inputs, check_attention_projections
+from transformer_spec.checks import (
+    check_attention_inputs,
+    check_attention_projections,
+    check_rows,
+    checks_inputs_once,
+)
 from transformer_spec.trace import record
 
 from .kernels import fusable
 from .layers import Dropout, Linear
 from .positional import RotaryEmbedding
-from .validate import check_mask
+from .validate import check_float_inputs, check_mask
 
 
 def masked_softmax(scores: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -67,6 +72,7 @@ def scaled_dot_product_attention(
     weights before they average v; the returned weights are the softmax's, before it.
     """
     check_attention_inputs(q.shape, k.shape, v.shape)
+    check_float_inputs(("q", "k", "v"), (q, k, v))
     # differs: jax-precision-highest
     scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=jax.lax.Precision.HIGHEST) / math.sqrt(
         q.shape[-1]
@@ -150,6 +156,23 @@ class MultiHeadAttention(nnx.Module):
         x = x.swapaxes(1, 2)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, -1)  # (B, T, H * d_k)
 
+    def check_inputs(
+        self,
+        query: jax.Array,
+        key: jax.Array,
+        value: jax.Array,
+        mask: jax.Array | None = None,
+        need_weights: bool = False,
+    ) -> None:
+        """query (B, T_q, d_model), key and value (B, T_k, d_model) in the weights' dtype, mask
+        broadcastable to the scores (B, H, T_q, T_k); checked here, before a fused kernel may take the call."""
+        check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
+        check_float_inputs(("query", "key", "value"), (query, key, value), self)
+        check_mask("mask", mask, (query.shape[0], self.num_heads, query.shape[1], key.shape[1]))
+        if self.rotary is not None:  # queries and keys at positions 0 .. T - 1 of the rotary tables
+            check_rows(0, max(query.shape[1], key.shape[1]), self.config.max_len)
+
+    @checks_inputs_once
     @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(
         self,
@@ -160,7 +183,6 @@ class MultiHeadAttention(nnx.Module):
         need_weights: bool = False,
     ) -> tuple[jax.Array, jax.Array | None]:
         """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
-        check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
         k = self.split_heads(self.w_k(key))  # (B, H_kv, T_k, d_k)
         v = self.split_heads(self.w_v(value))  # (B, H_kv, T_k, d_k)

@@ -16,6 +16,7 @@ from .feed_forward import make_feed_forward
 from .layer_norm import make_norm
 from .layers import Dropout
 from .sublayer import sublayer_connection
+from .validate import check_float_inputs
 
 
 class LayerCache(NamedTuple):
@@ -57,6 +58,7 @@ class DecoderLayer(nnx.Module):
         """x (B, T_tgt, d_model), memory (B, T_src, d_model), tgt_mask (B|1, 1, T_tgt, T_tgt),
         memory_mask (B|1, 1, T_tgt|1, T_src) -> (B, T_tgt, d_model), self weights, cross weights."""
         check_hidden("x", x.shape, self.config.d_model)
+        check_float_inputs(("x",), (x,), self)
         norm_first = self.config.norm_first
         x, self_weights = sublayer_connection(
             x,
@@ -107,6 +109,7 @@ class DecoderLayer(nnx.Module):
         earlier position; tgt_mask (B|1, 1, T_new, T_cache) over the cache *after* the new
         tokens join it -> (B, T_new, d_model), the extended cache."""
         check_hidden("x", x.shape, self.config.d_model)
+        check_float_inputs(("x",), (x,), self)
         norm_first = self.config.norm_first
 
         def self_attention(h: jax.Array) -> tuple[jax.Array, KeyValueCache]:
@@ -135,6 +138,7 @@ def _check_memory(memory: jax.Array | None, x: jax.Array, d_model: int) -> None:
     if memory is None:
         raise ValueError("this decoder has cross-attention and needs memory (the encoder output), got None")
     check_hidden("memory", memory.shape, d_model)
+    check_float_inputs(("x", "memory"), (x, memory))
     check_same_batch(("memory", "x"), (memory.shape, x.shape))
 
 

@@ -15,7 +15,7 @@ from transformer_spec.trace import record
 from .layer_norm import make_norm
 from .layers import Dropout
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from .validate import check_token_ids
+from .validate import token_ids
 
 
 class TokenEmbedding(nnx.Module):
@@ -72,7 +72,7 @@ class Embeddings(nnx.Module):
     def __call__(
         self, ids: jax.Array, token_type_ids: jax.Array | None = None, offset: int | jax.Array = 0
     ) -> jax.Array:
-        check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
+        ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
         x = self.token(ids)  # (B, T, d_model)
         record(self, "token", x)
         if self.position is not None:
@@ -82,7 +82,8 @@ class Embeddings(nnx.Module):
         if self.token_type is not None:
             if token_type_ids is None:
                 token_type_ids = jnp.zeros_like(ids)  # (B, T)
-            check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
+            type_vocab = self.config.type_vocab_size
+            token_type_ids = token_ids("token_type_ids", token_type_ids, type_vocab, None, self)  # (B, T)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
             token_type = self.token_type(token_type_ids)  # (B, T, d_model)
             record(self, "token_type", token_type)

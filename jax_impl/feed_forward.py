@@ -10,10 +10,12 @@ from flax import nnx
 from jax.scipy.special import erf
 
 from transformer_spec import Config
+from transformer_spec.checks import checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
 from .layers import Dropout, Linear
+from .validate import check_float_inputs
 
 
 def relu(x: jax.Array) -> jax.Array:
@@ -56,6 +58,11 @@ class PositionwiseFeedForward(nnx.Module):
         self.activation = ACTIVATIONS[config.activation]  # a plain function: a static attribute to NNX
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
+    def check_inputs(self, x: jax.Array) -> None:
+        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: jax.Array) -> jax.Array:
         pre_activation = self.w_1(x)  # (B, T, d_model) -> (B, T, d_ff)
@@ -85,6 +92,11 @@ class GatedFeedForward(nnx.Module):
         self.activation = ACTIVATIONS[config.activation]  # a plain function: a static attribute to NNX
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
+    def check_inputs(self, x: jax.Array) -> None:
+        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("gated_feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: jax.Array) -> jax.Array:
         gate = self.w_gate(x)  # (B, T, d_model) -> (B, T, d_ff)

@@ -7,9 +7,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer_spec import Config
+from transformer_spec.checks import checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
+from .validate import check_float_inputs
 
 
 class LayerNorm(nnx.Module):
@@ -33,6 +35,11 @@ class LayerNorm(nnx.Module):
         self.weight = nnx.Param(jnp.ones((config.d_model,), dtype))  # (d_model,)
         self.bias = nnx.Param(jnp.zeros((config.d_model,), dtype)) if config.bias else None  # (d_model,)
 
+    def check_inputs(self, x: jax.Array) -> None:
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("layer_norm")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: jax.Array) -> jax.Array:
         mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
@@ -62,6 +69,11 @@ class RMSNorm(nnx.Module):
         self.eps = float(config.layer_norm_eps)  # a Python float: it does not change the dtype of x
         self.weight = nnx.Param(jnp.ones((config.d_model,), dtype))  # (d_model,)
 
+    def check_inputs(self, x: jax.Array) -> None:
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("rms_norm")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: jax.Array) -> jax.Array:
         rms = jnp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # (..., 1)

@@ -10,6 +10,7 @@ import numpy as np
 from flax import nnx
 
 from transformer_spec import Config
+from transformer_spec.checks import check_rows
 
 
 class Buffer(nnx.Variable):
@@ -56,6 +57,7 @@ class SinusoidalPositionalEncoding(nnx.Module):
         self.pe = Buffer(pe)  # (max_len, d_model)
 
     def __call__(self, seq_len: int, offset: int | jax.Array = 0) -> jax.Array:
+        check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
         return _rows(self.pe, seq_len, offset)  # (T, d_model); differs: jit-static-shapes
 
 
@@ -66,6 +68,7 @@ class LearnedPositionalEmbedding(nnx.Module):
         self.weight = nnx.Param(jnp.zeros((config.max_len, config.d_model), dtype))  # (max_len, d_model)
 
     def __call__(self, seq_len: int, offset: int | jax.Array = 0) -> jax.Array:
+        check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
         return _rows(self.weight, seq_len, offset)  # (T, d_model); differs: jit-static-shapes
 
 
@@ -116,6 +119,7 @@ class RotaryEmbedding(nnx.Module):
     def __call__(self, x: jax.Array, offset: int | jax.Array = 0) -> jax.Array:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
+        check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist
         cos = _rows(self.cos, seq_len, offset)  # (T, d_k / 2); differs: jit-static-shapes
         sin = _rows(self.sin, seq_len, offset)  # (T, d_k / 2); differs: jit-static-shapes
         return rotate_pairs(x, cos, sin, self.layout)  # (B, H, T, d_k)

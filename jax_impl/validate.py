@@ -1,4 +1,5 @@
-"""Reads shapes, dtypes and id ranges off JAX arrays for transformer_spec.checks.
+"""Reads shapes, dtypes and id ranges off JAX arrays for transformer_spec.checks, and makes what a
+model is given (its own arrays, lists, tuples, other frameworks' arrays) the arrays it computes with.
 
 Shapes and dtypes are static in JAX: they are known while ``jax.jit`` traces a
 function, so those checks run (and raise) at trace time exactly as in NumPy. The
@@ -9,9 +10,12 @@ they call their jit-compiled forward pass.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from transformer_spec import checks
 
@@ -21,24 +25,59 @@ def check_token_ids(
 ) -> None:
     if checks.caller_checked():  # a model checked them at its entry
         return
-    if isinstance(offset, jax.core.Tracer):
-        # A traced position (a jit-compiled decoding step, generate.py): unknown until it runs.
-        # Its range was checked eagerly, before the call; here only the shape can be.
-        offset = 0
-    checks.check_token_ids(
-        name, ids.shape, str(ids.dtype), jnp.issubdtype(ids.dtype, jnp.integer), vocab_size, max_len, offset
-    )
-    if isinstance(ids, jax.core.Tracer):
-        # Inside jit/grad/vmap the values are abstract: nothing to look at. (The token
-        # lookup fills out-of-range ids with NaN, so a bad id that gets this far is loud.)
-        return
-    # JAX never raises on an out-of-range index: it clamps or fills. We look at the
-    # values on the host (np.asarray copies a device array back), as NumPy does.
-    ids = np.asarray(ids)  # (B, T)
-    bad = np.unique(ids[(ids < 0) | (ids >= vocab_size)])
-    checks.check_token_id_range(name, bad.tolist(), vocab_size)
+    checks.check_token_array(name, ids, vocab_size, max_len, offset)  # the values, read on the host
 
 
 def check_mask(name: str, mask: jax.Array | None, expected: tuple[int, ...]) -> None:
     if mask is not None:
-        checks.check_mask(name, mask.shape, str(mask.dtype), mask.dtype == jnp.bool_, expected)
+        checks.check_mask(name, mask.shape, checks.dtype_name(mask), checks.dtype_name(mask) == "bool", expected)
+
+
+def readable(name: str, x: Any) -> jax.Array | np.ndarray | None:
+    """``x`` as an array whose shape, dtype and values the checks can read: this backend's own array
+    as it is; a list, a tuple or another framework's array as ``np.asarray`` reads it, on the host.
+    It stays there until checked: without ``jax_enable_x64``, ``jnp.asarray`` would wrap int64 ids
+    to int32 and call a float64 mask float32."""
+    if x is None or isinstance(x, jax.Array):
+        return x
+    return checks.host_array(name, x)
+
+
+def to_backend(x: jax.Array | np.ndarray | None, model: Any) -> jax.Array | None:
+    """A checked input (``readable``'s) as the array ``model`` computes with: a JAX array."""
+    return None if x is None else jnp.asarray(x)  # differs: torch-device
+
+
+def token_ids(
+    name: str, ids: Any, vocab_size: int, max_len: int | None, model: Any, offset: int | jax.Array = 0
+) -> jax.Array:
+    """ids as the model's lookup takes them, checked: every integer dtype, not bool."""
+    if checks.caller_checked():  # a model checked and converted them at its entry
+        return ids
+    ids = readable(name, ids)  # (B, T)
+    check_token_ids(name, ids, vocab_size, max_len, offset)
+    return to_backend(ids, model)  # (B, T)
+
+
+def attention_mask(name: str, mask: Any, expected: tuple[int, ...], model: Any) -> jax.Array | None:
+    """A mask (True = may attend) as the model takes it, checked against the scores' shape ``expected``."""
+    mask = readable(name, mask)  # (B|1, H|1, T_q|1, T_k) or None
+    check_mask(name, mask, expected)
+    return to_backend(mask, model)
+
+
+def check_float_inputs(names: tuple[str, ...], arrays: tuple[jax.Array, ...], module: Any = None) -> None:
+    """A component's float inputs in one dtype, and that of the module's weights (``module``; None for a
+    function): refused otherwise, where NumPy would promote to float64, JAX cast to the weights'
+    dtype and torch fail inside a matmul."""
+    if checks.caller_checked():
+        return
+    weights = None if module is None else weights_dtype(module)
+    checks.check_float_inputs(names, tuple(checks.dtype_name(x) for x in arrays), weights)
+
+
+def weights_dtype(module: Any) -> str:
+    """The dtype of a module's weights (they share one: ``from_params`` checks it)."""
+    # differs: framework-module-tree
+    parameters = jax.tree.leaves(nnx.state(module, nnx.Param))
+    return checks.dtype_name(parameters[0])

@@ -8,14 +8,19 @@ from typing import NamedTuple
 import numpy as np
 
 from transformer_spec import Config
-from transformer_spec.checks import check_attention_inputs, check_attention_projections
+from transformer_spec.checks import (
+    check_attention_inputs,
+    check_attention_projections,
+    check_rows,
+    checks_inputs_once,
+)
 from transformer_spec.trace import record
 
 from .kernels import fusable
 from .layers import Dropout, Linear
 from .module import Module, with_prefix
 from .positional import RotaryEmbedding
-from .validate import check_mask
+from .validate import check_float_inputs, check_mask
 
 
 def masked_softmax(scores: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -63,6 +68,7 @@ def scaled_dot_product_attention(
     weights before they average v; the returned weights are the softmax's, before it.
     """
     check_attention_inputs(q.shape, k.shape, v.shape)
+    check_float_inputs(("q", "k", "v"), (q, k, v))
     scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
     check_mask("mask", mask, scores.shape)
     record(None, "scores", scores)  # traced under the calling module's name
@@ -175,6 +181,23 @@ class MultiHeadAttention(Module):
         x = x.swapaxes(1, 2)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, -1)  # (B, T, H * d_k)
 
+    def check_inputs(
+        self,
+        query: np.ndarray,
+        key: np.ndarray,
+        value: np.ndarray,
+        mask: np.ndarray | None = None,
+        need_weights: bool = False,
+    ) -> None:
+        """query (B, T_q, d_model), key and value (B, T_k, d_model) in the weights' dtype, mask
+        broadcastable to the scores (B, H, T_q, T_k); checked here, before a fused kernel may take the call."""
+        check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
+        check_float_inputs(("query", "key", "value"), (query, key, value), self)
+        check_mask("mask", mask, (query.shape[0], self.num_heads, query.shape[1], key.shape[1]))
+        if self.rotary is not None:  # queries and keys at positions 0 .. T - 1 of the rotary tables
+            check_rows(0, max(query.shape[1], key.shape[1]), self.config.max_len)
+
+    @checks_inputs_once
     @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(
         self,
@@ -185,7 +208,6 @@ class MultiHeadAttention(Module):
         need_weights: bool = False,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
-        check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
         k = self.split_heads(self.w_k(key))  # (B, H_kv, T_k, d_k)
         v = self.split_heads(self.w_v(value))  # (B, H_kv, T_k, d_k)

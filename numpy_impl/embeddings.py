@@ -14,7 +14,7 @@ from .layer_norm import make_norm
 from .layers import Dropout
 from .module import Module, with_prefix
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from .validate import check_token_ids
+from .validate import token_ids
 
 
 class TokenEmbedding(Module):
@@ -65,7 +65,7 @@ class Embeddings(Module):
         self.dropout = Dropout(config.dropout)
 
     def __call__(self, ids: np.ndarray, token_type_ids: np.ndarray | None = None, offset: int = 0) -> np.ndarray:
-        check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
+        ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
         x = self.token(ids)  # (B, T, d_model)
         record(self, "token", x)
         if self.position is not None:
@@ -75,7 +75,8 @@ class Embeddings(Module):
         if self.token_type is not None:
             if token_type_ids is None:
                 token_type_ids = np.zeros_like(ids)  # (B, T)
-            check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
+            type_vocab = self.config.type_vocab_size
+            token_type_ids = token_ids("token_type_ids", token_type_ids, type_vocab, None, self)  # (B, T)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
             token_type = self.token_type(token_type_ids)  # (B, T, d_model)
             record(self, "token_type", token_type)

@@ -14,6 +14,7 @@ from .layer_norm import make_norm
 from .layers import Dropout
 from .module import Module, with_prefix
 from .sublayer import sublayer_connection, sublayer_connection_backward
+from .validate import check_float_inputs
 
 
 class EncoderLayer(Module):
@@ -35,6 +36,7 @@ class EncoderLayer(Module):
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """x (B, T, d_model), mask (B|1, 1, T|1, T) -> (B, T, d_model), weights (B, H, T, T)."""
         check_hidden("x", x.shape, self.config.d_model)
+        check_float_inputs(("x",), (x,), self)
         norm_first = self.config.norm_first
         x, weights = sublayer_connection(
             x,

@@ -8,11 +8,13 @@ import numpy as np
 from scipy.special import erf, expit
 
 from transformer_spec import Config
+from transformer_spec.checks import checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
 from .layers import Dropout, Linear
 from .module import Module, with_prefix
+from .validate import check_float_inputs
 
 
 def relu(x: np.ndarray) -> np.ndarray:
@@ -82,6 +84,11 @@ class PositionwiseFeedForward(Module):
         self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
+    def check_inputs(self, x: np.ndarray) -> None:
+        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: np.ndarray) -> np.ndarray:
         pre_activation = self.w_1(x)  # (B, T, d_model) -> (B, T, d_ff)
@@ -122,6 +129,11 @@ class GatedFeedForward(Module):
         self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
+    def check_inputs(self, x: np.ndarray) -> None:
+        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("gated_feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: np.ndarray) -> np.ndarray:
         gate = self.w_gate(x)  # (B, T, d_model) -> (B, T, d_ff)

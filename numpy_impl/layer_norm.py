@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_spec import Config
+from transformer_spec.checks import checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
 from .module import Module
+from .validate import check_float_inputs
 
 
 class LayerNorm(Module):
@@ -27,6 +29,11 @@ class LayerNorm(Module):
         self.weight = np.ones((config.d_model,), dtype)
         self.bias = np.zeros((config.d_model,), dtype) if config.bias else None
 
+    def check_inputs(self, x: np.ndarray) -> None:
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("layer_norm")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: np.ndarray) -> np.ndarray:
         mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
@@ -72,6 +79,11 @@ class RMSNorm(Module):
         self.eps = float(config.layer_norm_eps)
         self.weight = np.ones((config.d_model,), dtype)
 
+    def check_inputs(self, x: np.ndarray) -> None:
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("rms_norm")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(self, x: np.ndarray) -> np.ndarray:
         rms = np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # (..., 1)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from transformer_spec import Config
+from transformer_spec.checks import check_rows
 
 from .module import Module
 
@@ -41,6 +42,7 @@ class SinusoidalPositionalEncoding(Module):
         self.pe = pe
 
     def __call__(self, seq_len: int, offset: int = 0) -> np.ndarray:
+        check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
         return self.pe[offset : offset + seq_len]  # (T, d_model)
 
     def backward(self, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
@@ -55,6 +57,7 @@ class LearnedPositionalEmbedding(Module):
         self.weight = np.zeros((config.max_len, config.d_model), dtype)
 
     def __call__(self, seq_len: int, offset: int = 0) -> np.ndarray:
+        check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
         self.keep(seq_len=seq_len, offset=offset)  # differs: numpy-autograd
         return self.weight[offset : offset + seq_len]  # (T, d_model)
 
@@ -110,6 +113,7 @@ class RotaryEmbedding(Module):
     def __call__(self, x: np.ndarray, offset: int = 0) -> np.ndarray:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
+        check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist
         cos = self.cos[offset : offset + seq_len]  # (T, d_k / 2)
         sin = self.sin[offset : offset + seq_len]  # (T, d_k / 2)
         self.keep(offset=offset)  # differs: numpy-autograd

@@ -15,7 +15,7 @@ from transformer_spec.trace import record
 from .layer_norm import make_norm
 from .layers import Dropout, _torch_dtype
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from .validate import check_token_ids
+from .validate import token_ids
 
 
 class TokenEmbedding(nn.Module):
@@ -59,7 +59,7 @@ class Embeddings(nn.Module):
         self.dropout = Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
-        check_token_ids("ids", ids, self.vocab_size, self.config.max_len, offset)
+        ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
         x = self.token(ids)  # (B, T, d_model)
         record(self, "token", x)
         if self.position is not None:
@@ -69,7 +69,8 @@ class Embeddings(nn.Module):
         if self.token_type is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(ids)  # (B, T)
-            check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
+            type_vocab = self.config.type_vocab_size
+            token_type_ids = token_ids("token_type_ids", token_type_ids, type_vocab, None, self)  # (B, T)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
             token_type = self.token_type(token_type_ids)  # (B, T, d_model)
             record(self, "token_type", token_type)

@@ -14,6 +14,7 @@ from .feed_forward import make_feed_forward
 from .layer_norm import make_norm
 from .layers import Dropout
 from .sublayer import sublayer_connection
+from .validate import check_float_inputs
 
 
 class EncoderLayer(nn.Module):
@@ -36,6 +37,7 @@ class EncoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, d_model), mask (B|1, 1, T|1, T) -> (B, T, d_model), weights (B, H, T, T)."""
         check_hidden("x", x.shape, self.config.d_model)
+        check_float_inputs(("x",), (x,), self)
         norm_first = self.config.norm_first
         x, weights = sublayer_connection(
             x,

@@ -9,10 +9,12 @@ from torch import nn
 from torch.special import erf
 
 from transformer_spec import Config
+from transformer_spec.checks import checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
 from .layers import Dropout, Linear
+from .validate import check_float_inputs
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +53,11 @@ class PositionwiseFeedForward(nn.Module):
         self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
+    def check_inputs(self, x: torch.Tensor) -> None:
+        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pre_activation = self.w_1(x)  # (B, T, d_model) -> (B, T, d_ff)
@@ -81,6 +88,11 @@ class GatedFeedForward(nn.Module):
         self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
+    def check_inputs(self, x: torch.Tensor) -> None:
+        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("gated_feed_forward")  # speed: a fused kernel may run instead (kernels.py)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = self.w_gate(x)  # (B, T, d_model) -> (B, T, d_ff)

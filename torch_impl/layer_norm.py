@@ -6,10 +6,12 @@ import torch
 from torch import nn
 
 from transformer_spec import Config
+from transformer_spec.checks import checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
 from .layers import _torch_dtype
+from .validate import check_float_inputs
 
 
 class LayerNorm(nn.Module):
@@ -30,6 +32,11 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(config.d_model, dtype=_torch_dtype(dtype)))
         self.bias = nn.Parameter(torch.zeros(config.d_model, dtype=_torch_dtype(dtype))) if config.bias else None
 
+    def check_inputs(self, x: torch.Tensor) -> None:
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("layer_norm")  # speed: a fused kernel may run instead (kernels.py)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
@@ -59,6 +66,11 @@ class RMSNorm(nn.Module):
         self.eps = float(config.layer_norm_eps)
         self.weight = nn.Parameter(torch.ones(config.d_model, dtype=_torch_dtype(dtype)))
 
+    def check_inputs(self, x: torch.Tensor) -> None:
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_float_inputs(("x",), (x,), self)
+
+    @checks_inputs_once
     @fusable("rms_norm")  # speed: a fused kernel may run instead (kernels.py)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rms = torch.sqrt((x * x).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)

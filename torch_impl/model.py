@@ -20,7 +20,7 @@ from .embeddings import Embeddings
 from .encoder import Encoder
 from .layers import Linear, _torch_dtype
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask, make_target_mask
-from .validate import check_mask, check_token_ids
+from .validate import attention_mask, token_ids
 
 
 class Generator(nn.Module):
@@ -80,16 +80,22 @@ class Transformer(nn.Module):
     def check_inputs(
         self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None, return_attentions=False,
         return_hidden_states=False,
-    ) -> None:  # fmt: skip
-        """Every input, checked once, in the order the forward meets them; the submodules trust them."""
-        check_token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len)
-        check_token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len)
+    ) -> dict:  # fmt: skip
+        """Every input, checked once, in the order the forward meets them; the submodules trust them.
+        -> the arguments by name, as this backend's arrays (lists, tuples, other frameworks' arrays converted)."""
+        src_ids = token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len, self)  # (B, T_src)
+        tgt_ids = token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len, self)  # (B, T_tgt)
         (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
-        check_mask("mask", src_mask, (b_src, heads, t_src, t_src))  # the encoder's self-attention
-        check_mask("mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt))  # the decoder's self-attention
+        src_mask = attention_mask("src_mask", src_mask, (b_src, heads, t_src, t_src), self)  # the encoder's
+        tgt_mask = attention_mask("tgt_mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt), self)  # the decoder's
         memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
         check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
-        check_mask("mask", memory_mask, (b_tgt, heads, t_tgt, t_src))
+        memory_mask = attention_mask("memory_mask", memory_mask, (b_tgt, heads, t_tgt, t_src), self)
+        return {
+            "src_ids": src_ids, "tgt_ids": tgt_ids, "src_mask": src_mask, "tgt_mask": tgt_mask,
+            "memory_mask": memory_mask, "return_attentions": return_attentions,
+            "return_hidden_states": return_hidden_states,
+        }  # fmt: skip
 
     @checks_inputs_once
     def forward(
@@ -137,11 +143,13 @@ class TransformerLM(nn.Module):
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
 
-    def check_inputs(self, ids, mask=None, return_attentions=False, return_hidden_states=False) -> None:
-        """Every input, checked once; the submodules trust them."""
-        check_token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len)
+    def check_inputs(self, ids, mask=None, return_attentions=False, return_hidden_states=False) -> dict:
+        """Every input, checked once; the submodules trust them. -> the arguments by name, converted."""
+        ids = token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len, self)  # (B, T)
         batch, seq_len = ids.shape
-        check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
+        mask = attention_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len), self)
+        return {"ids": ids, "mask": mask, "return_attentions": return_attentions,
+                "return_hidden_states": return_hidden_states}  # fmt: skip
 
     @checks_inputs_once
     def forward(
@@ -194,17 +202,19 @@ class TransformerEncoderModel(nn.Module):
 
     def check_inputs(
         self, ids, token_type_ids=None, mask=None, return_attentions=False, return_hidden_states=False
-    ) -> None:
-        """Every input, checked once; the submodules trust them."""
-        check_token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len)
+    ) -> dict:
+        """Every input, checked once; the submodules trust them. -> the arguments by name, converted."""
+        ids = token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len, self)  # (B, T)
         if self.src_embed.token_type is None:
             if token_type_ids is not None:
                 check_no_token_types()
         elif token_type_ids is not None:  # None becomes zeros: always in range
-            check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None)
+            token_type_ids = token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None, self)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
         batch, seq_len = ids.shape
-        check_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len))
+        mask = attention_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len), self)
+        return {"ids": ids, "token_type_ids": token_type_ids, "mask": mask, "return_attentions": return_attentions,
+                "return_hidden_states": return_hidden_states}  # fmt: skip
 
     @checks_inputs_once
     def forward(

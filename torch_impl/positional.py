@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from transformer_spec import Config
+from transformer_spec.checks import check_rows
 
 from .layers import _torch_dtype
 
@@ -44,6 +45,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("pe", pe, persistent=False)
 
     def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+        check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
         return self.pe[offset : offset + seq_len]  # (T, d_model)
 
 
@@ -55,6 +57,7 @@ class LearnedPositionalEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.zeros(config.max_len, config.d_model, dtype=_torch_dtype(dtype)))
 
     def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+        check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
         return self.weight[offset : offset + seq_len]  # (T, d_model)
 
 
@@ -103,6 +106,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
+        check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist
         cos = self.cos[offset : offset + seq_len]  # (T, d_k / 2)
         sin = self.sin[offset : offset + seq_len]  # (T, d_k / 2)
         return rotate_pairs(x, cos, sin, self.layout)  # (B, H, T, d_k)

@@ -11,6 +11,9 @@ import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
 
 from .schema import Schema
 
@@ -48,18 +51,43 @@ def caller_checked() -> bool:
 
 
 def checks_inputs_once(forward: Callable) -> Callable:
-    """Decorates a model's forward: ``self.check_inputs(*args, **kwargs)`` first (unless a caller
-    already did: JAX's ``compiled`` checks eagerly, before jit), then the forward with every
-    submodule's own check skipped."""
+    """Decorates a module's forward: ``self.check_inputs(*args, **kwargs)`` first (unless a caller
+    already did: a parent module, or JAX's ``compiled``, which checks eagerly before jit), then
+    the forward with every submodule's own check skipped.
+
+    A model's ``check_inputs`` returns its arguments by name, as its backend's arrays (a list,
+    a tuple or another framework's array converted, ids in the dtype the lookup takes): the
+    forward runs on those. A component's returns None: the forward runs on what it was given."""
 
     @functools.wraps(forward)
     def entry(self, *args, **kwargs):
-        if not caller_checked():
-            self.check_inputs(*args, **kwargs)
-        with inputs_checked():
+        if caller_checked():
             return forward(self, *args, **kwargs)
+        inputs = self.check_inputs(*args, **kwargs)
+        with inputs_checked():
+            if inputs is None:
+                return forward(self, *args, **kwargs)
+            return forward(self, **inputs)
 
     return entry
+
+
+def host_array(name: str, x: Any) -> np.ndarray:
+    """A Python list or tuple (nested), or another framework's array -> a NumPy array, read as
+    ``np.asarray`` reads it. What a model accepts besides its own arrays, in every backend.
+
+    A torch tensor is detached and copied to the host first, duck-typed (this package imports
+    no framework); a JAX array converts through ``__array__``. Ragged nesting (rows of unequal
+    length) is refused here, with one message in every backend."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, perhaps on a GPU
+        x = x.detach().cpu().numpy()
+    try:
+        return np.array(x)  # a copy, writable: the caller's array stays theirs (a JAX array's is read-only)
+    except ValueError:  # NumPy's "inhomogeneous shape"
+        raise ValueError(
+            f"{name} must be an array, or nested lists or tuples with rows of equal length, got a ragged "
+            f"{type(x).__name__}"
+        ) from None
 
 
 def _shape(shape: Sequence[int]) -> str:
@@ -78,17 +106,40 @@ def check_token_ids(
     """ids must be an integer (B, T) array whose positions offset .. offset + T - 1 are < max_len."""
     if caller_checked():
         return
-    if not is_integer:
-        raise TypeError(f"{name} must be integer token ids, got dtype {dtype}")
+    check_integer_ids(name, dtype, is_integer)
     if len(shape) != 2:
         raise ValueError(f"{name} must have shape (batch, seq_len), got shape {_shape(shape)}")
     if shape[1] == 0:
         raise ValueError(f"{name} must hold at least one token, got shape {_shape(shape)}")
+    if offset < 0:  # NumPy and torch slices would read the positional table from its end, JAX clamp
+        raise ValueError(f"{name} cannot start at position {offset}: positions count from 0")
     if max_len is not None and offset + shape[1] > max_len:
         start = f" starting at position {offset}" if offset else ""
         raise ValueError(
             f"{name} has sequence length {shape[1]}{start} but the model's max_len is {max_len} "
             f"(the positional table has {max_len} rows)"
+        )
+
+
+def check_integer_ids(name: str, dtype: str, is_integer: bool) -> None:
+    """Token ids are integers of any width, signed or not; not floats, not bool (a bool is no id)."""
+    if not is_integer:
+        raise TypeError(f"{name} must be integer token ids, got dtype {dtype}")
+
+
+def check_rows(offset: int, seq_len: int, max_len: int) -> None:
+    """Rows offset .. offset + seq_len - 1 of a (max_len, ...) positional table (sinusoids, learned
+    positions, rotary angles). Outside it NumPy and torch slices silently return fewer rows (a
+    shape error later, or none) and JAX silently clamps to other rows: refused in every backend.
+    (A traced offset, JAX's compiled decoding step, was checked eagerly by the stepper.)"""
+    if caller_checked() or is_traced(offset):
+        return
+    if offset < 0:
+        raise ValueError(f"positions cannot start at {offset}: they count from 0")
+    if offset + seq_len > max_len:
+        raise ValueError(
+            f"positions {offset} .. {offset + seq_len - 1} are past the positional table's {max_len} rows "
+            f"(the model's max_len is {max_len})"
         )
 
 
@@ -99,6 +150,40 @@ def check_token_id_range(name: str, bad_ids: Sequence[int], vocab_size: int) -> 
     if len(bad_ids):
         shown = sorted(int(i) for i in bad_ids)[:8]
         raise ValueError(f"{name} must lie in [0, {vocab_size}) (the vocabulary size), but contains {shown}")
+
+
+def is_traced(x: Any) -> bool:
+    """Whether ``x`` is a JAX tracer (inside ``jax.jit``, ``grad`` or ``vmap``): a shape and a dtype,
+    no values yet. Duck-typed, as in ``transformer_spec.trace``: this package imports no framework."""
+    return "Tracer" in type(x).__name__
+
+
+def dtype_name(x: Any) -> str:
+    """The name of an array's dtype in any backend: "float32", "int64", "bool" (torch's without its prefix)."""
+    return str(x.dtype).removeprefix("torch.")
+
+
+def check_token_array(name: str, ids: Any, vocab_size: int, max_len: int | None, offset: Any = 0) -> None:
+    """``check_token_ids`` and ``check_token_id_range`` on any backend's ids, their values read on a
+    host copy: NumPy reads every integer dtype alike, where torch cannot even compare uint16/32/64
+    tensors. One check, and one message, in every backend.
+
+    Inside JAX's jit the ids (and a decoding step's position) are tracers, with no values: then
+    only their shape and dtype are checked. The models check their ids eagerly, before jit, and
+    the JAX steppers their positions; a bad id that gets past fills a row with NaN (loud)."""
+    if caller_checked():
+        return
+    if is_traced(offset):
+        offset = 0
+    values = None if is_traced(ids) else host_array(name, ids)  # (B, T) on the host
+    dtype = ids.dtype if values is None else values.dtype
+    integer = np.issubdtype(dtype, np.integer)
+    check_token_ids(name, ids.shape, str(dtype), integer, vocab_size, max_len, offset)
+    if values is None:
+        return
+    # NumPy would raise on ids >= vocab_size but silently wrap negative ids around.
+    bad = np.unique(values[(values < 0) | (values >= vocab_size)])
+    check_token_id_range(name, bad.tolist(), vocab_size)
 
 
 def check_mask(name: str, shape: Sequence[int] | None, dtype: str, is_bool: bool, expected: Sequence[int]) -> None:
@@ -171,6 +256,26 @@ def check_same_batch(names: tuple[str, str], shapes: tuple[Sequence[int], Sequen
 def check_float_dtype(name: str, dtype: str) -> None:
     if dtype not in ("float32", "float64"):
         raise TypeError(f"{name} must be float32 or float64, got {dtype}")
+
+
+def check_float_inputs(names: Sequence[str], dtypes: Sequence[str], weights_dtype: str | None = None) -> None:
+    """A component's float inputs: float32 or float64, all one dtype, and the dtype of its weights
+    (``weights_dtype``; None for a function without weights).
+
+    Mixed dtypes are refused rather than resolved: NumPy would promote to float64, JAX cast to
+    the weights' dtype (Flax's ``dtype``), torch raise inside a matmul; three answers to one call."""
+    if caller_checked():
+        return
+    for name, dtype in zip(names, dtypes, strict=True):
+        check_float_dtype(name, dtype)
+    if len(set(dtypes)) > 1:
+        found = ", ".join(f"{name} {dtype}" for name, dtype in zip(names, dtypes, strict=True))
+        raise TypeError(f"{', '.join(names)} must share one dtype, got {found}: cast them to one first")
+    if weights_dtype is not None and dtypes[0] != weights_dtype:
+        raise TypeError(
+            f"{names[0]} is {dtypes[0]} but the weights are {weights_dtype}: cast the input to {weights_dtype}, "
+            f"or build the module in {dtypes[0]}"
+        )
 
 
 def check_params(params: Mapping[str, Sequence[int]], schema: Schema, what: str = "the config") -> None:

@@ -49,9 +49,6 @@ REASONS: dict[str, str] = {
     "model's Params; NumPy chains its hand-written backward passes.",
     "framework-module-tree": "Each framework walks its own module tree: torch's named_modules(), NNX's "
     "iter_graph (paths as tuples), NumPy's attribute walker (module.py).",
-    "framework-dtype-names": "Each framework names and tests dtypes its own way (torch.float32 prints with "
-    "its prefix, torch has no issubdtype), and a JAX array inside jit is a tracer with no values to check: "
-    "validate.py reads shapes, dtypes and values into the plain Python the shared checks take.",
     "host-scalars": "NumPy keeps a count a Python int, so that float32 stays float32 (NEP 50 would promote "
     "a NumPy int64 scalar); torch and JAX keep it a 0-d array where the data is, with no copy to the host.",
     "jax-pytree": "JAX maps a function over nested tuples of arrays in one call (jax.tree.map over the "
@@ -79,6 +76,10 @@ REASONS: dict[str, str] = {
     "torch-device": "torch allocates on a device: a tensor made from nothing (torch.ones, torch.arange, "
     "torch.zeros) is told where, usually the device of an input, or it lands on the CPU next to a GPU "
     "model. NumPy has one device, and JAX puts new arrays on its default device.",
+    "torch-index-dtype": "torch's embedding lookup takes int64 or int32 indices only, and torch cannot even "
+    "compare uint16/32/64 tensors; NumPy and JAX index with every integer dtype. A model takes ids of every "
+    "integer dtype in every backend (checked on a host copy, as NumPy reads them), and torch's validate.py "
+    "turns the checked ids into int64.",
     "jit-static-shapes": "jax.jit compiles once per shape, so a decoding step keeps one shape: the cache is a "
     "fixed-size buffer written, and the positional table read, at a position that is a traced value "
     "(jax.lax.dynamic_update_slice, dynamic_slice), where NumPy and torch grow arrays by concatenation "
