@@ -39,7 +39,15 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from transformer_spec.decoding import BeamResult, beam_search, greedy_decode, sample_decode
+from transformer_spec.checks import inputs_checked
+from transformer_spec.decoding import (
+    BeamResult,
+    beam_search,
+    check_decoding,
+    check_position,
+    greedy_decode,
+    sample_decode,
+)
 
 from .attention import append_to_cache
 from .decoder import LayerCache
@@ -108,8 +116,9 @@ def decode_step(
     keep = append_to_cache(keep, fed, position, axis=1)  # (N, T_cache)
     tgt_mask = make_step_mask(keep, position, tokens.shape[1])  # (N, 1, T_new, T_cache)
     x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
-    x, cache = model.decoder.step(x, cache, position, tgt_mask, memory_mask)  # (N, T_new, d_model)
-    logits = model.generator(x, model.tgt_embed.token.weight)  # (N, T_new, V)
+    with inputs_checked():  # the step's tokens and position are checked: the layers trust them
+        x, cache = model.decoder.step(x, cache, position, tgt_mask, memory_mask)  # (N, T_new, d_model)
+        logits = model.generator(x, model.tgt_embed.token.weight)  # (N, T_new, V)
     return logits, cache, keep
 
 
@@ -145,6 +154,7 @@ class CachedStepper:
 
     @torch.no_grad()
     def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:
+        check_position(position, state.offset, self.model.config.max_len)
         tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
         # differs: jax-jit
         logits, cache, keep = decode_step(
@@ -196,6 +206,7 @@ def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedSte
 def greedy(model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True) -> np.ndarray:
     """Greedy decoding (``transformer_spec.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
     from ``bos``, padded after ``eos``; see the module docstring."""
+    check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
     return greedy_decode(stepper, src_ids, bos, eos, max_len, model.config.pad_id)
 
@@ -211,6 +222,7 @@ def beam(
     cached: bool = True,
 ) -> BeamResult:
     """Beam search (``transformer_spec.decoding.beam_search``) -> the best hypothesis per row and its score."""
+    check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
     return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
 
@@ -229,6 +241,7 @@ def sample(
 ) -> np.ndarray:
     """Sampling with temperature, top-k and top-p from a seeded NumPy generator
     (``transformer_spec.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
+    check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
     return sample_decode(stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id)
 

@@ -20,9 +20,12 @@ to continue prompts, pass all but their last token as ``src_ids`` and the last a
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Protocol
 
 import numpy as np
+
+from .checks import check_integer_ids, host_array
 
 
 class Stepper(Protocol):
@@ -40,12 +43,12 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def host_ids(src_ids: Any) -> np.ndarray:
     """The search runs in NumPy on the host: ids (B, T) from any backend (a NumPy or JAX array,
-    a torch tensor on any device) as a NumPy integer array, checked."""
-    if hasattr(src_ids, "cpu"):  # a torch tensor, perhaps on a GPU (this package imports no framework)
-        src_ids = src_ids.cpu()
-    src_ids = np.asarray(src_ids)
-    if src_ids.ndim != 2 or not np.issubdtype(src_ids.dtype, np.integer):
-        raise ValueError(f"src_ids must be integer ids of shape (batch, seq_len), got {src_ids.dtype} {src_ids.shape}")
+    a torch tensor on any device, nested lists) as a NumPy integer array, checked: not integers
+    is the model's TypeError, a wrong shape a ValueError. T may be 0 (an empty prompt)."""
+    src_ids = host_array("src_ids", src_ids)
+    check_integer_ids("src_ids", str(src_ids.dtype), np.issubdtype(src_ids.dtype, np.integer))
+    if src_ids.ndim != 2:
+        raise ValueError(f"src_ids must have shape (batch, seq_len), got shape {src_ids.shape}")
     return src_ids
 
 
@@ -57,8 +60,63 @@ def first_tokens(bos: Any, batch: int) -> np.ndarray:
     return np.broadcast_to(bos.astype(np.int64), (batch,))[:, None].copy()  # (B, 1)
 
 
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_steps(max_len: Any, eos: Any) -> None:
+    """What every search takes: ``max_len``, the number of tokens to generate, a positive integer;
+    ``eos`` an integer id, or None for a search that never stops early."""
+    if not _is_integer(max_len) or max_len < 1:
+        raise ValueError(f"max_len (the number of tokens to generate) must be a positive integer, got {max_len!r}")
+    if eos is not None and not _is_integer(eos):
+        raise ValueError(f"eos must be an integer id, or None to never stop early, got {eos!r}")
+
+
+def check_beam(beam_size: Any, length_penalty: Any) -> None:
+    if not _is_integer(beam_size) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+    number = isinstance(length_penalty, (int, float, np.integer, np.floating)) and not isinstance(length_penalty, bool)
+    if not number or not math.isfinite(length_penalty):
+        raise ValueError(f"length_penalty must be a finite number (0: no length normalisation), got {length_penalty!r}")
+
+
+def check_decoding(config: Any, src_ids: Any, bos: Any, eos: Any, max_len: Any) -> None:
+    """The arguments of a backend's ``greedy``, ``beam`` and ``sample`` for a model with ``config``,
+    checked before anything runs: ids, ``max_len`` steps that fit in the model's positions
+    (a decoder-only model reads the prompt first: prompt + steps), ``bos`` and ``eos`` in the
+    target vocabulary. Without this a search would fail only on reaching position
+    config.max_len, after every earlier step had run."""
+    src_ids = host_ids(src_ids)  # (B, T_src)
+    check_steps(max_len, eos)
+    prompt = 0 if config.decoder_has_cross_attention else src_ids.shape[1]
+    if prompt + max_len > config.max_len:
+        after = f" after a prompt of {prompt} tokens" if prompt else ""
+        raise ValueError(
+            f"decoding max_len={max_len} tokens{after} needs {prompt + max_len} positions, "
+            f"but the model's max_len is {config.max_len}"
+        )
+    vocab = config.tgt_vocab_size
+    first = first_tokens(bos, src_ids.shape[0])  # (B, 1)
+    bad = sorted({int(i) for i in first.ravel() if not 0 <= i < vocab})
+    if bad:
+        raise ValueError(f"bos must lie in [0, {vocab}) (the target vocabulary), but contains {bad}")
+    if eos is not None and not 0 <= eos < vocab:
+        raise ValueError(f"eos must lie in [0, {vocab}) (the target vocabulary) or be None, got {eos}")
+
+
+def check_position(position: Any, offset: int, max_len: int) -> None:
+    """A cached step's ``position`` (counted after the prompt's ``offset`` positions): an integer
+    from 0 on, whose token still has a row in the positional tables."""
+    if not _is_integer(position) or position < 0:
+        raise ValueError(f"a step's position must be an integer >= 0, got {position!r}")
+    if offset + position >= max_len:
+        raise ValueError(f"position {offset + position} is past the model's positions: its max_len is {max_len}")
+
+
 def greedy_decode(stepper: Stepper, src_ids: Any, bos: Any, eos: int, max_len: int, pad: int = 0) -> np.ndarray:
     """-> (B, T <= max_len + 1) ids starting with <bos>; after <eos> a row is padded."""
+    check_steps(max_len, eos)
     src_ids = host_ids(src_ids)  # (B, T_src)
     batch = src_ids.shape[0]
     out = first_tokens(bos, batch)  # (B, 1)
@@ -94,6 +152,8 @@ def beam_search(
     <eos> is finished. Stop once every source has ``beam_size`` finished hypotheses, or at
     ``max_len``. The answer is the finished (or, if none finished, running) hypothesis with
     the best log-probability / (generated length ** length_penalty)."""
+    check_steps(max_len, eos)
+    check_beam(beam_size, length_penalty)
     src_ids = host_ids(src_ids)  # (B, T_src)
     batch, k = src_ids.shape[0], beam_size
     first = first_tokens(bos, batch)  # (B, 1)
@@ -205,6 +265,7 @@ def sample_decode(
     generator seeded by ``seed`` (the same draws in every backend: one uniform number per row
     and step, inverted through the cumulative distribution). -> (B, T <= max_len + 1) ids from
     <bos>, padded after <eos>."""
+    check_steps(max_len, eos)
     check_sampling(temperature, top_k, top_p)
     src_ids = host_ids(src_ids)  # (B, T_src)
     batch = src_ids.shape[0]
