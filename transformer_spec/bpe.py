@@ -269,7 +269,7 @@ class ByteLevelBPE:
         return ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        if isinstance(texts, (str, bytes, bytearray)) or not isinstance(texts, Sequence):
             raise TypeError(f"encode_batch needs a list of strings, got {type(texts).__name__}")
         if not texts:
             raise ValueError("encode_batch needs at least one text, got an empty batch")

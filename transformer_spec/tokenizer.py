@@ -82,14 +82,24 @@ class WordPieceTokenizer:
         return pieces
 
     def tokenize(self, text: str) -> list[str]:
+        _check_text("text", text)
         return [piece for word in self.basic_tokenize(text) for piece in self.wordpiece(word)]
 
     def encode(
-        self, text: str, pair: str | None = None, add_special_tokens: bool = True
+        self, text: str, pair: str | None = None, add_special_tokens: bool = True, max_length: int | None = None
     ) -> tuple[list[int], list[int]]:
-        """-> (ids, token type ids): ``[CLS] text [SEP] (pair [SEP])``, types 0 then 1."""
+        """-> (ids, token type ids): ``[CLS] text [SEP] (pair [SEP])``, types 0 then 1. With
+        ``max_length`` the text (and pair) are cut at the end, never the special tokens (see
+        ``_truncate``: the ``tokenizers`` library's "longest_first")."""
+        _check_text("text", text)
+        if pair is not None:
+            _check_text("pair", pair)
         first = [self.vocab.get(t, self.unk_id) for t in self.tokenize(text)]
         second = [self.vocab.get(t, self.unk_id) for t in self.tokenize(pair)] if pair is not None else None
+        if max_length is not None:
+            specials = (3 if second is not None else 2) if add_special_tokens else 0
+            _check_max_length(max_length, specials)
+            first, second = _truncate(first, second, max_length - specials)
         if not add_special_tokens:
             ids = first + (second or [])
             return ids, [0] * len(first) + [1] * len(second or [])
@@ -107,15 +117,18 @@ class WordPieceTokenizer:
         add_special_tokens: bool = True,
         max_length: int | None = None,
     ) -> dict[str, np.ndarray]:
-        """A batch, padded with [PAD] to its longest member (truncated to ``max_length``):
-        ``ids``, ``token_type_ids`` and ``attention_mask`` (1 = real token), int64 (B, T)."""
-        if isinstance(texts, str):
-            raise TypeError("expected a list of strings (a batch); wrap a single sentence in a list")
-        if pairs is not None and len(pairs) != len(texts):
-            raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
-        encoded = [self.encode(t, pairs[i] if pairs else None, add_special_tokens) for i, t in enumerate(texts)]
-        if max_length is not None:
-            encoded = [(ids[:max_length], types[:max_length]) for ids, types in encoded]
+        """A batch, padded with [PAD] to its longest member (each cut to ``max_length`` tokens,
+        special tokens kept, see ``encode``): ``ids``, ``token_type_ids`` and ``attention_mask``
+        (1 = real token), int64 (B, T)."""
+        _check_batch("texts", texts)
+        if pairs is not None:
+            _check_batch("pairs", pairs)
+            if len(pairs) != len(texts):
+                raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
+        encoded = [
+            self.encode(t, pairs[i] if pairs is not None else None, add_special_tokens, max_length)
+            for i, t in enumerate(texts)
+        ]
         width = max(len(ids) for ids, _ in encoded)
         batch = {
             "ids": np.full((len(texts), width), self.pad_id, np.int64),
@@ -131,6 +144,49 @@ class WordPieceTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         tokens = [self.inverse.get(int(i), "[UNK]") for i in ids]
         return " ".join(tokens).replace(" ##", "")
+
+
+def _truncate(first: list[int], second: list[int] | None, room: int) -> tuple[list[int], list[int] | None]:
+    """Cut the text (and pair) to ``room`` tokens in all, as ``tokenizers`` does ("longest_first"):
+    the shorter one (the text on a tie) keeps at most half the room, the longer one the rest."""
+    if second is None:
+        return first[:room], None
+    if len(first) + len(second) <= room:
+        return first, second
+    if len(first) > len(second):
+        keep_second = min(len(second), room // 2)
+        return first[: room - keep_second], second[:keep_second]
+    keep_first = min(len(first), room // 2)
+    return first[:keep_first], second[: room - keep_first]
+
+
+def _check_text(name: str, text: object) -> None:
+    if isinstance(text, (bytes, bytearray)):
+        raise TypeError(f"{name} must be a str, got bytes: decode them first (text = data.decode('utf-8'))")
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a str, got {type(text).__name__}")
+
+
+def _check_batch(name: str, texts: object) -> None:
+    """A batch is a non-empty list or tuple of str (a lone str would be a batch of characters)."""
+    if isinstance(texts, (str, bytes, bytearray)):
+        raise TypeError(f"{name} must be a list of strings (a batch); wrap a single sentence in a list")
+    if not isinstance(texts, Sequence):
+        raise TypeError(f"{name} must be a list of strings (a batch), got {type(texts).__name__}")
+    if len(texts) == 0:
+        raise ValueError(f"{name} is an empty batch: give at least one text")
+    for i, text in enumerate(texts):
+        _check_text(f"{name}[{i}]", text)
+
+
+def _check_max_length(max_length: object, specials: int) -> None:
+    """Room for the special tokens and at least one token of each text: below that ``[SEP]`` would go."""
+    integer = isinstance(max_length, (int, np.integer)) and not isinstance(max_length, bool)
+    if not integer or max_length <= specials:
+        raise ValueError(
+            f"max_length must be an integer > {specials} (room for the {specials} special tokens and some text), "
+            f"got {max_length!r}"
+        )
 
 
 def _is_whitespace(ch: str) -> bool:
