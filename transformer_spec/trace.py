@@ -15,10 +15,15 @@ module tree (``nn.Module.named_modules``, ``nnx.iter_graph``, attributes in NumP
 
 A module called twice in one recording (none is, in one forward pass) gets ``#2``,
 ``#3`` ... after its later names, so nothing is overwritten silently.
+
+A recording belongs to the thread that opened it: ``record`` in another thread (the same model
+serving requests, JAX tracing a function for ``jit``) neither writes into it nor sees it, and
+``is_recording()`` is False there, so torch's fused kernels keep running in the other threads.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -31,16 +36,19 @@ class Trace(dict):
     """name -> np.ndarray, in the order the forward pass produced them."""
 
 
-_active: list[tuple[Mapping[int, str], Trace, list[str]]] = []  # the recording in progress, if any
+# Per thread: the recordings in progress in this thread, innermost last (``active``, a list of
+# (names, trace, last path)); absent until the thread opens one.
+_local = threading.local()
 
 
 def record(module: object | None, name: str, value) -> None:
     """Store ``value`` as ``<path of module>.<name>`` if a recording is in progress.
 
     ``module=None``: under the path of the module that recorded last."""
-    if not _active:
+    active = getattr(_local, "active", None)
+    if not active:
         return
-    names, trace, last_path = _active[-1]
+    names, trace, last_path = active[-1]
     if "Tracer" in type(value).__name__:  # inside jax.jit: no values yet, and the modules are copies
         raise TypeError(
             f"trace: {name} has no concrete value ({type(value).__name__}); record eagerly "
@@ -67,9 +75,10 @@ def record(module: object | None, name: str, value) -> None:
 
 
 def is_recording() -> bool:
-    """Whether a recording is in progress: a fast path that skips named intermediates (torch's
-    fused attention has no scores or weights to record) steps aside while one is."""
-    return bool(_active)
+    """Whether a recording is in progress in this thread: a fast path that skips named
+    intermediates (torch's fused attention has no scores or weights to record) steps aside
+    while one is, in this thread only."""
+    return bool(getattr(_local, "active", None))
 
 
 def _to_numpy(value) -> np.ndarray:
@@ -80,10 +89,13 @@ def _to_numpy(value) -> np.ndarray:
 
 @contextmanager
 def recording(names: Mapping[int, str]) -> Iterator[Trace]:
-    """Record every ``record(module, ...)`` call of the modules in ``names`` (id -> path)."""
+    """Record every ``record(module, ...)`` call of the modules in ``names`` (id -> path) made in
+    this thread while the block runs."""
     trace = Trace()
-    _active.append((names, trace, []))
+    if not hasattr(_local, "active"):
+        _local.active = []
+    _local.active.append((names, trace, []))
     try:
         yield trace
     finally:
-        _active.pop()
+        _local.active.pop()
