@@ -270,3 +270,27 @@ def test_a_saved_file_keeps_the_usual_permissions(tmp_path):
     plain = tmp_path / "plain"
     plain.write_bytes(b"")
     assert (path.stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777)
+
+
+def test_a_file_written_before_the_modern_decoders_fields_still_loads(tmp_path):
+    """Files of earlier versions lack the fields issue 12 added; their defaults are the model
+    those files hold, so such a file loads. Any other missing field is refused."""
+    from safetensors import safe_open
+
+    from transformer_spec.config import ADDED_LATER
+
+    config = Config.preset("tiny-lm")
+    path = tmp_path / "new.safetensors"
+    save_params(str(path), init_params(config, seed=0), config)
+    with safe_open(str(path), "np") as f:
+        metadata = f.metadata()
+    old = {k: v for k, v in json.loads(metadata["config"]).items() if k not in ADDED_LATER}
+    without_norm_first = {k: v for k, v in old.items() if k != "norm_first"}
+    for name, fields in (("old", old), ("broken", without_norm_first)):
+        target = tmp_path / f"{name}.safetensors"
+        save_file(load_file(str(path)), str(target), metadata=metadata | {"config": json.dumps(fields)})
+        if name == "old":
+            assert load_params(str(target))[1] == config
+        else:
+            with pytest.raises(WeightsFileError, match="norm_first"):
+                load_params(str(target))

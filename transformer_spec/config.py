@@ -224,7 +224,7 @@ class Config:
         unknown = sorted(str(k) for k in set(values) - set(known))
         if unknown:
             raise ValueError(f"unknown Config fields {unknown}; expected some of {sorted(known)}")
-        missing = [name for name in known if name not in values]
+        missing = [name for name in known if name not in values and name not in ADDED_LATER]
         if complete and missing:
             raise ValueError(f"Config fields missing: {missing} (every field is stored)")
         return cls(**values)
@@ -238,6 +238,14 @@ class Config:
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return PRESETS[name].replace(**overrides)
+
+
+# Fields added after weights files were first written (the modern decoder's switches): a file
+# without them predates them, and their defaults are exactly the model it was written from.
+ADDED_LATER = frozenset(
+    {"norm", "gated_ffn", "num_kv_heads", "rope_theta", "rope_layout", "attention_bias", "ffn_bias",
+     "sinusoid_layout", "final_logits_bias"}
+)  # fmt: skip
 
 
 def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
