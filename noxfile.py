@@ -77,7 +77,7 @@ def oracles(session):
 def bench(session):
     """Ours against each framework's own modules, side by side (not in CI: minutes, and machine-dependent).
     Writes bench/results/latest.{md,json} and seq_sweep.png; pass options after --, e.g. -- --quick."""
-    session.install("-e", ".[all,test]", TORCH_PIN, "matplotlib")
+    session.install("-e", ".[all,test]", TORCH_PIN)
     session.run("python", "-m", "bench.run", *session.posargs)
 
 
