@@ -134,9 +134,12 @@ def decode_step(
     keep: jax.Array,
     memory_mask: jax.Array | None,
     position: int | jax.Array,
-) -> tuple[jax.Array, tuple[LayerCache, ...], jax.Array]:
+    project: bool = True,
+) -> tuple[jax.Array | None, tuple[LayerCache, ...], jax.Array]:
     """tokens (N, T_new) at absolute positions position .. position + T_new - 1, the cache and
-    ``keep`` (N, position) of every earlier one -> logits (N, T_new, V), both extended."""
+    ``keep`` (N, position) of every earlier one -> logits (N, T_new, V), both extended.
+    ``project=False`` (a prompt filling the cache): no logits (None), the output projection
+    to the vocabulary skipped."""
     fed = tokens != model.config.pad_id  # (N, T_new): padding is hidden from later queries
     if model.config.decoder_has_cross_attention:  # but never the decoder's start token (as make_target_mask)
         fed = fed | (position + jnp.arange(tokens.shape[1]) == 0)  # (N, T_new)
@@ -145,6 +148,8 @@ def decode_step(
     x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
     with inputs_checked():  # the step's tokens and position are checked: the layers trust them
         x, cache = model.decoder.step(x, cache, position, tgt_mask, memory_mask)  # (N, T_new, d_model)
+        if not project:
+            return None, cache, keep
         logits = model.generator(x, model.tgt_embed.token.weight[...])  # (N, T_new, V)
     return logits, cache, keep
 
@@ -152,7 +157,7 @@ def decode_step(
 # Compiled once per (model structure, input shapes): the model is a pytree argument, as in
 # model.py's ``_jit_forward``, and ``position`` a traced value.
 _jit_initial_cache = jax.jit(initial_cache, static_argnums=2)
-_jit_decode_step = jax.jit(decode_step)
+_jit_decode_step = jax.jit(decode_step, static_argnames="project")
 
 
 def select_rows(tree: Any, rows: jax.Array) -> Any:
@@ -180,7 +185,7 @@ class CachedStepper:
         if config.decoder_has_cross_attention or src_ids.shape[1] == 0:
             return DecodingState(cache, keep, memory_mask, 0)
         # decoder-only: the prompt, all of it in one call, fills the cache at positions 0 .. P - 1
-        _, cache, keep = _jit_decode_step(self.model, src_ids, cache, keep, None, 0)  # (N, P, V), ...
+        _, cache, keep = _jit_decode_step(self.model, src_ids, cache, keep, None, 0, False)  # None, ...
         return DecodingState(cache, keep, None, src_ids.shape[1])
 
     def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:

@@ -99,9 +99,12 @@ def decode_step(
     keep: np.ndarray,
     memory_mask: np.ndarray | None,
     position: int,
-) -> tuple[np.ndarray, tuple[LayerCache, ...], np.ndarray]:
+    project: bool = True,
+) -> tuple[np.ndarray | None, tuple[LayerCache, ...], np.ndarray]:
     """tokens (N, T_new) at absolute positions position .. position + T_new - 1, the cache and
-    ``keep`` (N, position) of every earlier one -> logits (N, T_new, V), both extended."""
+    ``keep`` (N, position) of every earlier one -> logits (N, T_new, V), both extended.
+    ``project=False`` (a prompt filling the cache): no logits (None), the output projection
+    to the vocabulary skipped."""
     fed = tokens != model.config.pad_id  # (N, T_new): padding is hidden from later queries
     if model.config.decoder_has_cross_attention:  # but never the decoder's start token (as make_target_mask)
         fed = fed | (position + np.arange(tokens.shape[1]) == 0)  # (N, T_new)
@@ -110,6 +113,8 @@ def decode_step(
     x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
     with inputs_checked():  # the step's tokens and position are checked: the layers trust them
         x, cache = model.decoder.step(x, cache, position, tgt_mask, memory_mask)  # (N, T_new, d_model)
+        if not project:
+            return None, cache, keep
         logits = model.generator(x, model.tgt_embed.token.weight)  # (N, T_new, V)
     return logits, cache, keep
 
@@ -137,7 +142,7 @@ class CachedStepper:
         if self.model.config.decoder_has_cross_attention or src_ids.shape[1] == 0:
             return DecodingState(cache, keep, memory_mask, 0)
         # decoder-only: the prompt, all of it in one call, fills the cache at positions 0 .. P - 1
-        _, cache, keep = decode_step(self.model, src_ids, cache, keep, None, 0)  # (N, P, V), ...
+        _, cache, keep = decode_step(self.model, src_ids, cache, keep, None, 0, False)  # None, ...
         return DecodingState(cache, keep, None, src_ids.shape[1])
 
     def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:
