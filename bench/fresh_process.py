@@ -1,4 +1,5 @@
-"""Measurements that need a fresh Python process: peak memory of one forward, JAX's first-call compile.
+"""Measurements that need a fresh Python process: peak memory of one forward, JAX's first-call compile
+(and, for ``bench/smollm2.py``, the memory of loading SmolLM2 into every backend and its decoding compiles).
 
 The parent (``memory_section``, ``compile_section``) starts ``python -m bench.fresh_process
 ...`` once per measurement and reads the one JSON line it prints.
@@ -213,6 +214,10 @@ def main(argv: list[str]) -> None:
         print(json.dumps(child_memory(name, preset, batch, seq_len)))
     elif argv[0] == "compile":
         print(json.dumps(child_compile(argv[1], int(argv[2]), int(argv[3]))))
+    elif argv[0] == "smollm2":
+        from .smollm2 import child_smollm2
+
+        print(json.dumps(child_smollm2([int(b) for b in argv[1].split(",")])))
     else:
         raise SystemExit(f"unknown measurement {argv[0]!r}")
 

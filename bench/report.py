@@ -100,6 +100,7 @@ def markdown(results: dict[str, Any]) -> str:
     out += _memory_markdown(results.get("memory"))
     out += _compile_markdown(results.get("compile"))
     out += _training_markdown(results.get("training"))
+    out += _smollm2_markdown(results.get("smollm2"))
     if results.get("breakdown"):
         out += ["## Where the time goes: components, ours against the framework's own op", ""]
         out += _table(
@@ -243,6 +244,79 @@ def _training_markdown(training: dict[str, Any] | None) -> list[str]:
             rows.append([r["size"], r["shape"], name, *step, *grads, f"{r['loss'][name]:.6f}"])
     header = ["size", "B x T", "backend", "train_step /s", "ms", "/ torch's", "loss_and_grads /s", "ms", "/ torch's"]
     out += _table([*header, "loss"], rows)
+    return out
+
+
+def _smollm2_markdown(smollm2: dict[str, Any] | None) -> list[str]:
+    if not smollm2:
+        return []
+    out = [
+        f"## SmolLM2-135M generation: {smollm2['model']}, float32, same weights in all four",
+        "",
+        f"Cached greedy generation, {smollm2['prompt_len']}-token prompts + {smollm2['new_tokens']} new tokens; "
+        "ours (greedy_decode over each backend's cached stepper) against transformers.LlamaForCausalLM.generate "
+        "(sdpa), interleaved. prefill: the time to the first new token (the prompt through the model, "
+        "filling the cache); tokens/s: the other new tokens * batch / their time; end to end: all new tokens * "
+        "batch / the whole call. Ratios are medians of per-round ratios, ours/HF: tokens/s >= 1 and prefill "
+        "<= 1 are faster than HF; 'best rounds': the fastest round of each against each other (on a busy "
+        "machine, what each does when least disturbed). 'equal to HF': rows whose 64 tokens are HF's, and the "
+        "first position where any row differs. torch (ours and HF) runs with torch's default threads "
+        f"({smollm2.get('torch_threads', '?')}). Ours' prefill is two calls: the stepper's start (the prompt but its "
+        "last token, filling the cache, no logits) and the first step (the prompt's last token).",
+        "",
+    ]
+    rows = []
+    for r in smollm2["rows"]:
+        ours = r["implementation"].startswith("ours")
+        agreement, first = r["agreement"], r["agreement"]["first_difference"]
+        equal = f"{agreement['equal_rows']}/{agreement['rows']}" + (
+            f", first difference at {first}" if first is not None else ""
+        )
+        rows.append([
+            r["batch"], r["implementation"], f"{r['tokens_per_s']:.1f}",
+            _ratio(r["tokens_per_s_ratio"]) if ours else "", f"{r['best_ratio']:.2f}x" if ours else "",
+            f"{r['ms_per_token']:.1f}", f"{r['end_to_end_tokens_per_s']:.1f}",
+            _ratio(r["end_to_end_ratio"]) if ours else "", f"{r['prefill_ms']:.0f}",
+            _ratio(r["prefill_ratio"]) if ours else "", equal if ours else "",
+        ])  # fmt: skip
+    out += _table(["batch", "implementation", "tokens/s", "ours/HF", "best rounds ours/HF", "ms/token",
+                   "end to end tokens/s", "ours/HF", "prefill ms", "ours/HF time", "equal to HF"], rows)  # fmt: skip
+    fresh = smollm2.get("fresh_process", {})
+    if "error" in fresh:
+        return [*out, "fresh process (memory, JAX compile): error: " + fresh["error"], ""]
+    memory = fresh.get("memory")
+    if memory:
+        out += [
+            "Memory of loading the model into all three backends in one fresh process (VmRSS after each step, "
+            f"VmHWM = peak so far; glibc's mmap threshold fixed): start {memory['start_mib']:.0f} MiB, "
+            f"peak **{memory['peak_mib']:.0f} MiB** ({memory['peak_mib'] / 1024:.2f} GiB).",
+            "",
+        ]
+        steps = [[s["after"], f"{s['rss_mib']:.0f}", f"{s['peak_mib']:.0f}"] for s in memory["steps"]]
+        out += _table(["after", "RSS MiB", "peak MiB"], steps)
+    compiles = fresh.get("jax_compile")
+    if compiles:
+        out += [
+            "JAX's compiles for cached decoding, in that process: the prefill compiles initial_cache and the "
+            "prompt-shaped decode_step; the first one-token step compiles the step every later position reuses "
+            "(the position is a traced value). compile = trace + lower + XLA (JAX's monitoring events).",
+            "",
+        ]
+        out += _table(
+            ["batch", "prefill s (CPU s)", "prefill compile s (XLA programs)", "first step s (CPU s)",
+             "step compile s (XLA programs)", "compiles in steps 2-64", "later step ms"],
+            [[c["batch"], f"{c['prefill']['seconds']:.2f} ({c['prefill'].get('cpu_s', float('nan')):.2f})",
+              f"{c['prefill']['compile_s']:.2f} ({c['prefill']['xla_compiles']})",
+              f"{c['first_step']['seconds']:.2f} ({c['first_step'].get('cpu_s', float('nan')):.2f})",
+              f"{c['first_step']['compile_s']:.2f} ({c['first_step']['xla_compiles']})",
+              f"{c['later_steps_xla_compiles']} ({c['later_steps_compile_s']:.2f} s)", f"{c['later_step_ms']:.1f}"]
+             for c in compiles],
+        )  # fmt: skip
+        out += [
+            "(Seconds are wall time, as JAX's events measure them; CPU s is this process's CPU time over the "
+            "same call, all threads: on a busy machine the wall time grows, the CPU time much less.)",
+            "",
+        ]
     return out
 
 

@@ -17,7 +17,9 @@ from typing import Any
 from . import report, targets
 from .timing import Budget
 
-SECTIONS = ("torch", "jax", "numpy", "bert", "sweep", "memory", "compile", "training", "breakdown", "baseline")
+SECTIONS = (
+    "torch", "jax", "numpy", "bert", "sweep", "memory", "compile", "training", "breakdown", "baseline", "smollm2",
+)  # fmt: skip
 RESULTS_DIR = os.path.join(os.path.dirname(__file__), "results")
 
 
@@ -38,6 +40,9 @@ class Plan:
         self.training = [("tiny", 8, 16)]
         self.breakdown = ("base", 8, 128) if quick else ("bert-base", 8, 128)
         self.baseline = (self.sizes, 8, 128)  # ours now against ours at --baseline, in worker processes
+        # SmolLM2-135M: 32-token prompts, 64 new tokens, batch 1 and 8; a round is a few seconds
+        # to a minute (four whole generations), 4 rounds balance the order (Williams design)
+        self.smollm2 = ((1, 8), Budget(4, 4, 0.0) if quick else Budget(4, 8, 90.0))
 
 
 def _versions() -> str:
@@ -104,6 +109,14 @@ def wait_for_idle(limit_s: float, threshold: float = 0.10) -> float | None:
         print(f"[bench] other processes use {100 * share['others']:.0f}% of the CPUs: waiting", flush=True)
 
 
+def _keep_or_skip(results: dict[str, Any], name: str, section: dict[str, Any]) -> None:
+    """A section that found something missing returns {"skipped": why}: the report lists it with the others."""
+    if "skipped" in section:
+        results["skipped"][name] = section["skipped"]
+    else:
+        results[name] = section
+
+
 def run_sections(
     plan: Plan, sections: list[str], results: dict[str, Any], wait_idle_s: float = 0.0, baseline: str = ""
 ) -> None:
@@ -111,6 +124,7 @@ def run_sections(
     from . import sections as timed
     from .baseline import BASELINE_COMMIT, baseline_section
     from .breakdown import breakdown_section
+    from .smollm2 import smollm2_section
 
     memory_names = list(fresh_process.MEMORY_IMPLEMENTATIONS)
     if not plan.memory[0].startswith("bert") or importlib.util.find_spec("transformers") is None:
@@ -128,6 +142,7 @@ def run_sections(
         "baseline": lambda: results.__setitem__(
             "baseline", baseline_section(*plan.baseline, plan.budget, baseline or BASELINE_COMMIT)
         ),
+        "smollm2": lambda: _keep_or_skip(results, "smollm2", smollm2_section(*plan.smollm2)),
     }
     for name in sections:
         if wait_idle_s > 0:
@@ -193,7 +208,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{' / '.join(plan.sizes)} at 8 x 128; BERT {plan.bert[0]} at {plan.bert[1]} x {plan.bert[2]}; "
             f"sweep {plan.sweep[0]} at batch {plan.sweep[1]}; memory {plan.memory[0]} at "
             f"{plan.memory[1]} x {plan.memory[2]}; training {plan.training[0][0]} at "
-            f"{plan.training[0][1]} x {plan.training[0][2]}"
+            f"{plan.training[0][1]} x {plan.training[0][2]}; SmolLM2-135M: 32-token prompts + 64 new tokens "
+            f"at batch {' and '.join(str(b) for b in plan.smollm2[0])}"
         ),
         "total_s": time.perf_counter() - start,
         "load_start": load_start,

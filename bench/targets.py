@@ -11,6 +11,12 @@ BASELINE_RATIO = 1.00
 MATMUL_FRACTION = 0.70
 COMPILE_S = 3.0
 MEMORY_RATIO = 1.5
+# issue 12, item 5, SmolLM2-135M generation (tokens/s ours/HF's LlamaForCausalLM.generate, same run):
+# torch >= 1.0x, JAX >= 1.0x with its decoding step compiled once in <= 5 s, NumPy >= 0.5x; the
+# model loaded into all three backends in one process in < 4 GiB.
+SMOLLM2_TORCH, SMOLLM2_JAX, SMOLLM2_NUMPY = 1.0, 1.0, 0.5
+SMOLLM2_COMPILE_S = 5.0
+SMOLLM2_MEMORY_GIB = 4.0
 
 
 def _binding_ratios(rows: list[dict[str, Any]], section: str) -> list[tuple[str, float, str]]:
@@ -124,6 +130,60 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     baseline = results.get("baseline")
     if baseline and any("ratio" in row for row in baseline["rows"]):
         targets.append(_baseline_target(baseline))
+    if results.get("smollm2"):
+        targets += _smollm2_targets(results["smollm2"])
+    return targets
+
+
+def _smollm2_targets(smollm2: dict[str, Any]) -> list[dict[str, Any]]:
+    targets = []
+    limits = {
+        "torch": "ours and HF run the same torch ops: 211 matmuls a step (memory-bound at batch 1 and 8: each "
+        "step reads all 540 MB of float32 weights, 113 MB of them the tied output projection), SDPA and the "
+        "cache's concatenations; what differs is a few small ops and the Python around them (a few %), below "
+        "this machine's round-to-round noise. Under load, every op that runs on torch's two threads (matmul, "
+        "SDPA, large copies) waits for a thread whose core another process holds: steps run 5-15x slower than "
+        "on one quiet core, and the rounds scatter (see the bracket)",
+        "jax": "XLA compiles the 30 unrolled layers; at batch 1 every matmul has one row, and XLA CPU emits its "
+        "own matrix-vector code for each of the step's 271 dots (LLVM IR, ~6 CPU s) where from two rows up "
+        "it calls its GEMM library (~2-3 CPU s); that code runs faster per step, so the compiler's choice "
+        "stays; a busy machine adds wall time on top",
+        "numpy": "OpenBLAS matmuls (memory-bound like the others); the rest op by op; OpenBLAS's threads also "
+        "wait for cores other processes hold",
+    }
+    compiles = {c["batch"]: c for c in smollm2.get("fresh_process", {}).get("jax_compile", [])}
+    for backend, least in (("torch", SMOLLM2_TORCH), ("jax", SMOLLM2_JAX), ("numpy", SMOLLM2_NUMPY)):
+        rows = [r for r in smollm2["rows"] if r["implementation"] == f"ours ({backend})"]
+        if not rows:
+            continue
+        measured = [f"batch {r['batch']}: {r['tokens_per_s_ratio']['median']:.2f}x "
+                    f"[{r['tokens_per_s_ratio']['p25']:.2f}-{r['tokens_per_s_ratio']['p75']:.2f}] "
+                    f"({r['tokens_per_s']:.1f} tokens/s)" for r in rows]  # fmt: skip
+        met = all(r["tokens_per_s_ratio"]["median"] >= least for r in rows)
+        name = f"SmolLM2 {backend}: decode tokens/s >= {least:.1f}x HF LlamaForCausalLM.generate's, batch 1 and 8"
+        if backend == "jax" and compiles:
+            name += (f"; one compiled step for all {smollm2['new_tokens']} positions, "
+                     f"compiled in <= {SMOLLM2_COMPILE_S:.0f} s")  # fmt: skip
+            for batch, c in compiles.items():
+                cpu = c["first_step"].get("cpu_s")
+                measured.append(f"batch {batch}: step compile {c['first_step']['compile_s']:.2f} s"
+                                + (f" (first step {cpu:.2f} CPU s)" if cpu is not None else "")
+                                + f", {c['later_steps_xla_compiles']} compiles after the first step")  # fmt: skip
+                met &= c["first_step"]["compile_s"] <= SMOLLM2_COMPILE_S and c["later_steps_xla_compiles"] == 0
+        targets.append({"target": name, "measured": "; ".join(measured), "met": met, "limits": limits[backend]})
+    memory = smollm2.get("fresh_process", {}).get("memory")
+    if memory:
+        peak = memory["peak_mib"] / 1024
+        targets.append(
+            {
+                "target": "SmolLM2 loaded into all three backends in one process: "
+                f"peak RSS < {SMOLLM2_MEMORY_GIB:.0f} GiB",
+                "measured": f"{peak:.2f} GiB (VmHWM)",
+                "met": peak < SMOLLM2_MEMORY_GIB,
+                "limits": "each backend holds its own float32 copy of the weights (540 MB), plus the canonical "
+                "arrays they were built from",
+            }
+        )
     return targets
 
 

@@ -16,6 +16,12 @@ NumPy's kernels:
 * ``multi_head_attention``: in inference, the attention one (batch entry) at a time, so
   that the (B, H, T_q, T_k) scores and weights are never all in memory at once (one
   (H, T_q, T_k) block is), and the softmax works in place on that block.
+* ``attend`` (a decoding step over the key/value cache): grouped-query heads read the cache
+  in place. The written-out step repeats each cached key/value head for the query heads
+  that share it (``repeat_kv``: a copy of the whole cache, per layer and step) and then
+  multiplies (B, H) small matrices; here the ``groups`` query heads of one key/value head
+  are the rows of one block, (groups * T_q, d_k) against that head's (T_k, d_k) keys: no
+  copy, and H / H_kv times fewer, taller products. The softmax works in place.
 """
 
 from __future__ import annotations
@@ -101,3 +107,38 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
 
 
 KERNELS["multi_head_attention"] = multi_head_attention
+
+
+# --------------------------------------------------------------------------------- attend
+def attend(module, query, cache, mask=None, position=0):
+    """``MultiHeadAttention.attend`` with the query heads of each key/value head as one block."""
+    q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
+    if module.rotary is not None:
+        q = module.rotary(q, position)  # (B, H, T_q, d_k)
+    batch, heads, t_q, d_k = q.shape
+    kv_heads, t_k = cache.k.shape[1], cache.k.shape[2]
+    groups = heads // kv_heads
+    check_mask("mask", mask, (batch, heads, t_q, t_k))
+    if mask is not None and mask.shape[1] != 1:
+        return NotImplemented  # a mask per head: the written-out code reads it head by head
+    # query head h = j * groups + g reads key/value head j: (H, T_q) -> (H_kv, groups * T_q) is a reshape
+    grouped = q.reshape(batch, kv_heads, groups * t_q, d_k)  # (B, H_kv, groups * T_q, d_k)
+    scores = grouped @ np.swapaxes(cache.k, -1, -2)  # (B, H_kv, groups * T_q, d_k) @ (B, H_kv, d_k, T_k)
+    scores /= math.sqrt(d_k)  # (B, H_kv, groups * T_q, T_k)
+    if mask is not None:  # (B|1, 1, T_q|1, T_k) -> the same rows for every query head of a group
+        rows = np.broadcast_to(mask[:, :, None], (mask.shape[0], 1, groups, t_q, t_k))  # (B|1, 1, groups, T_q, T_k)
+        rows = rows.reshape(mask.shape[0], 1, groups * t_q, t_k)  # (B|1, 1, groups * T_q, T_k)
+        np.putmask(scores, ~np.broadcast_to(rows, scores.shape), -np.inf)  # (B, H_kv, groups * T_q, T_k)
+    row_max = scores.max(axis=-1, keepdims=True)  # (B, H_kv, groups * T_q, 1); -inf where nothing is allowed
+    row_max[~np.isfinite(row_max)] = 0.0
+    scores -= row_max
+    np.exp(scores, out=scores)  # 0 at masked keys
+    total = scores.sum(axis=-1, keepdims=True)  # (B, H_kv, groups * T_q, 1)
+    total[total == 0] = 1.0  # a row with no allowed key: weights 0, output 0
+    scores /= total  # the weights
+    context = scores @ cache.v  # (B, H_kv, groups * T_q, T_k) @ (B, H_kv, T_k, d_k) -> (B, H_kv, groups * T_q, d_k)
+    context = context.reshape(batch, heads, t_q, d_k)  # (B, H, T_q, d_k)
+    return module.w_o(module.merge_heads(context))  # (B, T_q, d_model)
+
+
+KERNELS["attend"] = attend

@@ -164,16 +164,17 @@ def _gated_feed_forward(config):
     return case
 
 
-def _attend(config, mask_name: str):
-    """A decoding step: 4 new queries at positions 7 .. 10 over a cache of 11 (rotated) keys."""
+def _attend(config, mask_name: str, new: int = 4):
+    """A decoding step: ``new`` queries at positions 7 .. 7 + new - 1 over a cache of 11 (rotated)
+    keys (new=1: one token per sequence, as generation steps run)."""
 
     def case(backend, dtype):
         params = init_params(config, seed=5, dtype=dtype, component="attention", nonzero_biases=True)
         attention = backend.build("MultiHeadAttention", config, params)
         memory = backend.asarray(hidden(3, 11, config.d_model, seed=2).astype(dtype))
-        query = backend.asarray(hidden(3, 4, config.d_model).astype(dtype))
-        mask = attention_masks(4, 11)[mask_name]
-        mask = None if mask is None else backend.asarray(mask)
+        query = backend.asarray(hidden(3, new, config.d_model).astype(dtype))
+        mask = np.ones((3, 1, 1, 11), bool) if mask_name == "every-key" else attention_masks(4, 11)[mask_name]
+        mask = None if mask is None else backend.asarray(mask[:, :, :new])
 
         def run():
             cache = attention.key_value(memory)  # (B, H_kv, 11, d_k) each
@@ -196,6 +197,8 @@ CASES: dict[str, tuple[str, Callable]] = {
     "multi_head_attention-mqa": ("multi_head_attention", _attention("self", "padding", MODERN.replace(num_kv_heads=1))),
     **{f"attend-{mask}": ("attend", _attend(MODERN, mask)) for mask in MASKS},
     "attend-mha": ("attend", _attend(TINY, "padding")),
+    "attend-one-query": ("attend", _attend(MODERN, "per-query", new=1)),
+    "attend-one-query-every-key": ("attend", _attend(MODERN, "every-key", new=1)),  # a mask that hides nothing
     "gelu": ("gelu", _gelu),
     "layer_norm": ("layer_norm", _layer_norm(TINY)),
     "layer_norm-no-bias": ("layer_norm", _layer_norm(TINY.replace(bias=False))),

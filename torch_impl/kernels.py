@@ -119,10 +119,13 @@ def attention_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
 
     That kernel takes our mask as it is (bool, True = may attend). For a query row with no
     allowed key its implementations disagree (NaN, zeros or the mean of v); ours gives 0: the
-    row attends to every key (finite, also in the backward pass) and is zeroed afterwards.
+    row attends to every key (finite, also in the backward pass) and is zeroed afterwards. A
+    mask that allows every key (each decoding step of an unpadded batch) is not passed at all:
+    the kernel then skips turning it into an additive mask and adding it (10-30% of its
+    time for a (B, 9, 1, T) decoding step).
     """
     gqa = q.shape[-3] != k.shape[-3]
-    if mask is None:
+    if mask is None or mask.all():  # every key allowed (a decoding step without padding): nothing to mask
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # (..., T_q, d_v)
     has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, T_q|1, 1)
     if has_key.all():  # the usual case (a host sync: cheap on the CPU), and 20% faster at base size
