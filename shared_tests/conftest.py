@@ -2,15 +2,29 @@
 
 JAX's float64 switch must be set before any JAX array exists, so it is set here, at
 collection time, whenever JAX is installed.
+
+Under pytest-xdist (``pytest -n 2``, as nox runs the suite) each worker is one process on one
+core: its BLAS, torch and XLA thread pools are set to one thread before any framework is
+imported (two workers with a pool of two threads each fight over two cores), and the records
+of the worst errors (``tolerances.py``) travel from the workers to the controller, which
+prints them and writes ``--parity-json``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
 import shlex
 import sys
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # set by xdist before the worker reads this file
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    ).strip()
 
 import pytest
 
@@ -69,6 +83,35 @@ def _record_backend(request):
     tolerances.current_backend["oracle"] = getattr(request.module, "ORACLE", "numpy float64")
 
 
+_RECORDS = ("WORST", "PARITY", "GRADIENT_WORST", "CURVE_WORST")  # tolerances' dicts, keyed by tuples
+
+
+def _merge_records(records: dict) -> None:
+    """Fold one xdist worker's records into this process's: the worst error wins, counts add up."""
+    for (backend, oracle, dtype), (error, where) in records["WORST"]:
+        key = (backend, oracle, dtype)
+        if error > tolerances.WORST.get(key, (-1.0, ""))[0]:
+            tolerances.WORST[key] = (error, where)
+    for key, (error, where) in records["GRADIENT_WORST"]:
+        key = tuple(key)
+        if error > tolerances.GRADIENT_WORST.get(key, (-1.0, ""))[0]:
+            tolerances.GRADIENT_WORST[key] = (error, where)
+    for key, error in records["CURVE_WORST"]:
+        key = tuple(key)
+        tolerances.CURVE_WORST[key] = max(error, tolerances.CURVE_WORST.get(key, 0.0))
+    for key, (error, count, tolerance, backend, oracle) in records["PARITY"]:
+        entry = tolerances.PARITY.setdefault(tuple(key), [0.0, 0, tolerance, backend, oracle])
+        entry[0], entry[1] = max(entry[0], error), entry[1] + count
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist installed it is never called
+def pytest_testnodedown(node, error):
+    """xdist's controller: a worker finished; take its records."""
+    records = getattr(node, "workeroutput", {}).get("tolerances")
+    if records:
+        _merge_records(json.loads(records))
+
+
 def pytest_terminal_summary(terminalreporter):
     if tolerances.GRADIENT_WORST:
         terminalreporter.section("worst gradient error per backend (see GRADIENT_TOLERANCE)")
@@ -89,9 +132,14 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_sessionfinish(session):
-    """With --parity-json PATH: every test's worst error per check and dtype, sorted (a stable file)."""
+    """With --parity-json PATH: every test's worst error per check and dtype, sorted (a stable file).
+    An xdist worker hands its records to the controller instead (``pytest_testnodedown``)."""
+    if hasattr(session.config, "workeroutput"):
+        records = {name: [[list(k), v] for k, v in getattr(tolerances, name).items()] for name in _RECORDS}
+        session.config.workeroutput["tolerances"] = json.dumps(records)
+        return
     path = session.config.getoption("--parity-json")
-    if not path or hasattr(session.config, "workerinput"):  # xdist workers: only the controller writes
+    if not path:
         return
     versions = {"python": platform.python_version()}
     for name in ("numpy", "jax", "flax", "torch"):

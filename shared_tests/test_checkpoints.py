@@ -74,9 +74,14 @@ def test_the_state_holds_adam_moments_in_the_weights_layout_equal_in_every_backe
         )
     want, got = states[reference.name][-1], states[backend.name][-1]
     assert got.step == want.step == 2 and sorted(got.moments) == sorted(want.moments)
+    # The key-projection bias's gradient is zero in exact arithmetic (softmax is shift-invariant):
+    # its moments are rounding noise (~1e-19, its sign set by the thread count's summation order),
+    # held to 1e-12 of the largest moment of its kind, as tolerances.py's parity_floor does.
+    scale = {kind: max(float(np.abs(v).max()) for n, v in want.moments.items() if n[0] == kind) for kind in "mv"}
     for name, value in want.moments.items():
         assert got.moments[name].shape == value.shape, name
-        np.testing.assert_allclose(got.moments[name], value, rtol=1e-9, atol=1e-18, err_msg=name)
+        atol = 1e-12 * scale[name[0]]
+        np.testing.assert_allclose(got.moments[name], value, rtol=1e-9, atol=atol, err_msg=name)
 
 
 def test_a_checkpoint_is_a_weights_file_every_backend_loads(backend, tmp_path):
