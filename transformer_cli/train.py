@@ -21,6 +21,7 @@ loss curve is the uninterrupted one), with the settings stored in it.
 Examples:
   transformer-ref train --task translate --steps 300 --save translate.safetensors
   transformer-ref train --resume translate.safetensors --steps 400      # 100 steps more
+  transformer-ref train --task copy --backend torch --plot loss.png      # one torch thread: see --threads
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ from transformer_spec.data import (
 )
 from transformer_spec.schedules import warmup_schedule
 
-from .errors import UsageError, dropout_rate, get_installed_backend, positive_int, probability, seed
+from .errors import UsageError, dropout_rate, get_installed_backend, missing_extra, positive_int, probability, seed
+from .help import plain, summary
+from .threads import add_threads_argument, use_threads
 
 TASKS = ("copy", "reverse", "translate", "next-word")
 DEFAULT_STEPS = {"copy": 600, "reverse": 600, "translate": 300, "next-word": 300}
@@ -59,16 +62,20 @@ RUN_DEFAULTS = {"task": "copy", "backend": "numpy", "dtype": "float32", "warmup"
 
 def add_parser(commands) -> None:
     parser = commands.add_parser(
-        "train", help=__doc__.splitlines()[0], description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        "train", help=summary(__doc__), description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--task", choices=TASKS, help="(default: copy)")
-    parser.add_argument("--backend", choices=BACKENDS, help="(default: numpy)")
+    parser.add_argument("--task", choices=TASKS, help="what to learn: see Tasks above (default: copy)")
+    parser.add_argument("--backend", choices=BACKENDS, help="which backend trains (default: numpy)")
     parser.add_argument(
         "--steps", type=positive_int, help="optimiser steps in all (default: 600 for copy/reverse, 300 otherwise)"
     )
-    parser.add_argument("--dtype", choices=["float32", "float64"], help="(default: float32)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], help="the weights' float type (default: float32)")
     parser.add_argument("--warmup", type=positive_int, help="warm-up steps of the paper's schedule (default: 200)")
-    parser.add_argument("--label-smoothing", type=probability, help="(default: 0)")
+    parser.add_argument(
+        "--label-smoothing",
+        type=probability,
+        help="share of each target's probability spread over the vocabulary (the paper: 0.1; default: 0)",
+    )
     parser.add_argument("--dropout", type=dropout_rate, help="dropout rate while training (the paper: 0.1; default: 0)")
     parser.add_argument("--seed", type=seed, help="seed of the weights, the data and dropout (default: 0)")
     parser.add_argument("--save", metavar="FILE", help="write training checkpoints (.safetensors) to FILE")
@@ -84,6 +91,8 @@ def add_parser(commands) -> None:
         help="continue the run checkpointed in FILE (its settings; --steps may raise the total); saves to FILE "
         "unless --save says otherwise",
     )
+    parser.add_argument("--plot", metavar="PNG", help="draw the loss of every step into this PNG (needs matplotlib)")
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -115,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
     if save:
         _check_writable("--save" if args.save else "--resume", save)
     backend = get_installed_backend(settings["backend"])
+    if args.plot:
+        _check_plot(args.plot)
     config, batches, show = task_setup(settings["task"], settings["seed"])
     config = config.replace(dropout=settings["dropout"])
     done = resumed.state.step if resumed else 0
@@ -126,12 +137,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--resume {args.resume}: its config is not the one task {settings['task']!r} trains")
     params = resumed.params if resumed else init_params(config, seed=settings["seed"], dtype=settings["dtype"])
     model = backend.impl.build_model(config, params)
+    threads = use_threads(args.threads, [settings["backend"]], sum(np.size(v) for v in params.values()))
     schedule = warmup_schedule(config.d_model, settings["warmup"])
     tokens_per_step = [int((b.get("tgt_out", b.get("targets")) != config.pad_id).sum()) for b in batches]
     where = f", resumed at step {done} from {args.resume}" if resumed else ""
     print(f"training {settings['task']} in {settings['backend']} ({settings['dtype']}): {config.kind}, "
           f"d_model {config.d_model}, {steps} steps, Adam with the paper's warm-up schedule ({settings['warmup']} "
-          f"steps){where}")  # fmt: skip
+          f"steps){where}" + (f", {threads} torch thread{'s' * (threads > 1)}" if threads else ""))  # fmt: skip
     run_record = settings | {"steps": steps, "checkpoint_every": every}
 
     def checkpoint(state) -> None:
@@ -148,8 +160,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"checkpoint: {save} (--resume {save} continues it; every backend loads it: <backend>_impl.load_model)")
     if losses:
         print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f}\n")
+    if args.plot and losses:
+        from .plots import loss_figure
+
+        title = f"{settings['task']} in {settings['backend']} ({settings['dtype']}), {len(losses)} steps"
+        loss_figure(losses, title).savefig(args.plot, dpi=120)
+        print(f"loss curve: {args.plot}")
     show(backend, model)
     return 0
+
+
+def _check_plot(path: str) -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise missing_extra("--plot (drawing the loss curve)", error, "plots") from None
+    _check_writable("--plot", path)
 
 
 def _load_resumed(path: str) -> Checkpoint:

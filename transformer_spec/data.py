@@ -6,6 +6,7 @@ Id 0 is padding everywhere (``Config.pad_id``'s default); then <bos>, <eos>, <un
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,6 +22,10 @@ TOY_TRANSLATION: tuple[tuple[str, str], ...] = (
     ("she likes fish", "elle aime poisson"),
     ("he hates meat", "il deteste viande"),
 )
+
+# A model trained on TOY_TRANSLATION, shipped inside the package so that ``transformer-ref attention
+# --preset toy-translate`` shows real words and real alignments; python -m transformer_cli.make_toy_model writes it.
+TOY_TRANSLATION_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights", "toy-translate.safetensors")
 
 # The next-word corpus of the LLM notes tutorial.
 NEXT_WORD: tuple[str, ...] = (
