@@ -1,0 +1,248 @@
+"""Mutation testing with hand-made realistic bugs (``tools/mutant_list.py``).
+
+    python -m tools.mutants [--only NAME ...] [--jobs N] [--timeout S] [--json PATH] [--check]
+
+For each mutant: copy the repository (``git archive HEAD``, or the working tree with
+``--worktree``) into a temporary folder, replace the mutant's snippet (which must occur
+exactly once), and run the shared suite there with ``-x -q -p no:cacheprovider``:
+killed (a test failed), survived (all passed) or timeout. The copy is imported, never
+/work/main: PYTHONPATH puts it first (the editable install's finder comes after sys.path),
+and each run checks that. Prints a table and the mutation score; writes JSON results.
+
+What the runs leave out, and why:
+  * shared_tests/test_docs.py: it builds the site from the source and fails on any source
+    change (the code shown on the pages must be the files' lines), so it would kill every
+    mutant and hide the survivors;
+  * shared_tests/test_mirror.py: it compares the three backends' source line by line, so a
+    one-backend edit fails it whatever it does;
+  * the oracles (test_oracle_*.py: downloads, minutes), and the subprocess tests (CLI,
+    README, packaging, checkpoints killed mid-write), for speed.
+A mutant of one backend (jax, torch) runs the suite for that backend only; a NumPy mutant
+runs every backend (the others are held to NumPy); a transformer_spec mutant runs numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from .mutant_list import MUTANTS, Mutant
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXCLUDED = {"test_docs.py", "test_mirror.py", "test_cli.py", "test_cli_errors.py", "test_cli_generate.py",
+            "test_readme.py", "test_packages.py", "test_checkpoints.py", "test_smollm2_sentence.py"}  # fmt: skip
+# A model mutant runs these, in this order; the mutation tests last, so that a mutant they kill
+# shows as killed by test_mutation_survivors.py: it survived everything else (the score before them).
+CORE = ["test_decoding_search.py", "test_models.py", "test_components.py", "test_modern.py", "test_gradients.py",
+        "test_decoding.py", "test_dropout.py", "test_training.py", "test_params.py", "test_properties.py",
+        "test_spec.py", "test_errors.py", "test_mutation_survivors.py"]  # fmt: skip
+MUTATION_TESTS = "test_mutation_survivors.py"
+
+
+# transformer_spec's search, tokenizer, converters and schedules: the files that exercise them
+# (a model mutant runs everything above; these run in seconds instead of minutes).
+BY_PATH = {
+    "transformer_spec/decoding.py": ["test_decoding_search.py", "test_decoding.py", "test_inputs.py", "test_errors.py"],
+    "transformer_spec/tokenizer.py": ["test_inputs.py", "test_spec.py", "test_errors.py"],
+    "transformer_spec/schedules.py": ["test_training.py", "test_spec.py", "test_gradients.py"],
+}
+for _converter in ("hf_bert", "hf_llama", "hf_gpt2", "hf_marian", "rope", "gguf", "torch_transformer"):
+    BY_PATH[f"transformer_spec/{_converter}.py"] = ["test_converters.py", "test_modern.py", "test_weights_files.py",
+                                                    "test_params.py", "test_spec.py"]  # fmt: skip
+
+
+def test_files(root: pathlib.Path, mutant: Mutant | None = None, full: bool = False) -> list[str]:
+    """CORE (or, for a mutant of a file in BY_PATH, those files), then the mutation tests; with
+    ``full``: the whole shared suite minus EXCLUDED and the oracles, the mutation tests last."""
+    names = sorted(p.name for p in (root / "shared_tests").glob("test_*.py"))
+    if full:
+        chosen = [n for n in names if n not in EXCLUDED and not n.startswith("test_oracle_") and n != MUTATION_TESTS]
+        chosen.append(MUTATION_TESTS)
+    elif mutant is not None and mutant.path in BY_PATH:
+        chosen = [*BY_PATH[mutant.path], MUTATION_TESTS]
+    else:
+        chosen = CORE
+    return [f"shared_tests/{n}" for n in chosen if n in names]
+
+
+def pytest_command(mutant: Mutant, root: pathlib.Path, workers: int, full: bool = False) -> list[str]:
+    backend = mutant.backend
+    args = [sys.executable, "-m", "pytest", *test_files(root, mutant, full), "-x", "-q", "-p", "no:cacheprovider"]
+    args += ["-o", "addopts=", "-rfE", "--tb=line", "-W", "ignore::pytest.PytestUnraisableExceptionWarning"]
+    if backend in ("jax", "torch"):
+        args.append(f"--backend={backend}")
+    elif backend is None:
+        args.append("--backend=numpy")
+    elif not full:  # NumPy is the reference: torch, held to it, sees its bugs (and its own tests run)
+        args.append("--backend=torch")
+    if workers > 1:
+        args += ["-n", str(workers)]
+    return args
+
+
+def export_tree(dest: pathlib.Path, worktree: bool) -> None:
+    """The repository's files (HEAD, or the working tree as it is) into ``dest``."""
+    if worktree:
+        ignore = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", ".nox", "site", "*.egg-info")
+        shutil.copytree(ROOT, dest, ignore=ignore)
+        return
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+
+
+def apply(mutant: Mutant, root: pathlib.Path) -> None:
+    path = root / mutant.path
+    text = path.read_text(encoding="utf-8")
+    count = text.count(mutant.original)
+    if count != 1:
+        raise ValueError(f"{mutant.name}: the original text occurs {count} times in {mutant.path}, not once")
+    path.write_text(text.replace(mutant.original, mutant.replacement), encoding="utf-8")
+
+
+def environment(root: pathlib.Path, single_thread: bool) -> dict[str, str]:
+    env = os.environ | {"PYTHONPATH": str(root)}
+    if single_thread:  # two runs side by side on a small machine: one thread each
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[name] = "1"
+        env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    return env
+
+
+def check_imports(root: pathlib.Path) -> None:
+    """The copy's packages are the ones imported, not the editable install's."""
+    code = "import numpy_impl, transformer_spec, shared_tests; print(numpy_impl.__file__, transformer_spec.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=environment(root, False), cwd=root, check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    if not all(pathlib.Path(p).resolve().is_relative_to(root.resolve()) for p in out.split()):
+        raise RuntimeError(f"the copy in {root} is not what gets imported: {out}")
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    path: str
+    description: str
+    status: str  # killed, survived, timeout, error
+    seconds: float
+    detail: str  # the first failing test, or the last lines of the output
+
+    @property
+    def killed_only_by_mutation_tests(self) -> bool:
+        """Killed by test_mutation_survivors.py, which runs last: every other test passed."""
+        return self.status == "killed" and f"shared_tests/{MUTATION_TESTS}::" in self.detail
+
+
+def run_one(mutant: Mutant, base: pathlib.Path, scratch: pathlib.Path, timeout: float, workers: int,
+            single_thread: bool, full: bool) -> Result:  # fmt: skip
+    root = scratch / mutant.name
+    shutil.copytree(base, root)
+    start = time.monotonic()
+    try:
+        apply(mutant, root)
+        command = pytest_command(mutant, root, workers, full)
+        try:
+            proc = subprocess.run(command, cwd=root, env=environment(root, single_thread), capture_output=True,
+                                  text=True, timeout=timeout)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return Result(mutant.name, mutant.path, mutant.description, "timeout", time.monotonic() - start, "")
+        output = proc.stdout + proc.stderr
+        lines = [line for line in output.splitlines() if line.strip()]
+        failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+        if proc.returncode == 0:
+            status, detail = "survived", lines[-1] if lines else ""
+        elif proc.returncode == 1:
+            status, detail = "killed", failed[0] if failed else (lines[-1] if lines else "")
+        else:  # 2: interrupted (a collection error is a kill too: the suite does not run), 3-5: pytest itself
+            status = "killed" if proc.returncode == 2 else "error"
+            detail = "\n".join(lines[-5:])
+        return Result(mutant.name, mutant.path, mutant.description, status, time.monotonic() - start, detail)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.mutants", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", metavar="NAME", help="run this mutant only (repeatable)")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run side by side (default 1)")
+    parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers per mutant (default 1: none)")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per mutant (default 1200)")
+    parser.add_argument("--json", default=str(ROOT / "tools" / "mutants_results.json"), help="where to write results")
+    parser.add_argument("--full", action="store_true", help="every mutant runs the whole suite (minus EXCLUDED)")
+    parser.add_argument("--worktree", action="store_true", help="mutate the working tree as it is, not HEAD")
+    parser.add_argument("--check", action="store_true", help="only check that every mutant applies, run nothing")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = parser.parse_args(argv)
+
+    known = {m.name for m in MUTANTS}
+    if len(known) != len(MUTANTS):
+        raise SystemExit("two mutants share a name")
+    unknown = sorted(set(args.only or ()) - known)
+    if unknown:
+        parser.error(f"unknown mutant(s): {', '.join(unknown)}")
+    mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.list:
+        for m in mutants:
+            print(f"{m.name:<48} {m.path:<32} {m.description}")
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
+        scratch = pathlib.Path(tmp)
+        base = scratch / "_base"
+        export_tree(base, args.worktree)
+        for m in mutants:  # every snippet occurs exactly once, before anything runs
+            text = (base / m.path).read_text(encoding="utf-8")
+            if text.count(m.original) != 1:
+                raise SystemExit(f"{m.name}: the original occurs {text.count(m.original)} times in {m.path}")
+        if args.check:
+            print(f"{len(mutants)} mutants apply cleanly")
+            return 0
+        check_imports(base)
+        started = time.monotonic()
+        results: list[Result] = []
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {
+                pool.submit(run_one, m, base, scratch, args.timeout, args.workers, args.jobs > 1, args.full): m
+                for m in mutants
+            }
+            for future in concurrent.futures.as_completed(futures):
+                result = future.result()
+                results.append(result)
+                print(f"[{len(results):>2}/{len(mutants)}] {result.status:<8} {result.seconds:6.0f}s  {result.name}",
+                      flush=True)  # fmt: skip
+        elapsed = time.monotonic() - started
+
+    order = {m.name: i for i, m in enumerate(MUTANTS)}
+    results.sort(key=lambda r: order[r.name])
+    killed = sum(r.status == "killed" for r in results)
+    print(f"\n{'mutant':<48} {'status':<9} {'time':>6}  detail")
+    for r in results:
+        print(f"{r.name:<48} {r.status:<9} {r.seconds:5.0f}s  {r.detail.splitlines()[0][:100] if r.detail else ''}")
+    score = killed / len(results) if results else 0.0
+    before = killed - sum(r.killed_only_by_mutation_tests for r in results)
+    print(f"\nmutation score: {killed}/{len(results)} killed ({score:.0%}); {elapsed:.0f}s")
+    print(f"without {MUTATION_TESTS}: {before}/{len(results)} killed (the mutants only it kills survive the rest)")
+    survivors = [r.name for r in results if r.status != "killed"]
+    if survivors:
+        print("not killed: " + ", ".join(survivors))
+    payload = {"killed": killed, "killed_without_mutation_tests": before, "total": len(results), "score": score,
+               "seconds": round(elapsed),
+               "command": " ".join(["python -m tools.mutants", *(argv if argv is not None else sys.argv[1:])]),
+               "results": [dataclasses.asdict(r) | {"seconds": round(r.seconds, 1),
+                                                    "killed_only_by_mutation_tests": r.killed_only_by_mutation_tests}
+                           for r in results]}  # fmt: skip
+    pathlib.Path(args.json).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    return 0 if not survivors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
