@@ -21,6 +21,7 @@ from transformer_spec.batches import split_batch
 from transformer_spec.decoding import beam_search
 
 from .cases import SHAPES, TINY, as_kind, model_inputs
+from .test_converters import exported
 from .test_decoding_search import BOS, VOCAB, MarkovStepper, sequence_log_prob
 from .test_gradients import training_batch
 from .tolerances import assert_close, assert_loss_and_gradients_match
@@ -179,3 +180,59 @@ def test_beam_search_with_no_finished_hypothesis_returns_the_best_running_one_le
         best = int(np.argmax(log_probs))
         assert result.ids[row].tolist() == candidates[best]
         assert abs(result.scores[row] - log_probs[best] / max_len**length_penalty) < 1e-12
+
+
+# ------------------------------------------------------------------ the loss's pad id
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_the_loss_skips_the_configured_pad_id_not_token_0(backend, label_smoothing):
+    """pad_id 3: targets equal to 3 do not count, targets equal to 0 (a real token here) do.
+    Every other loss test pads with 0, so a hard-coded 0 passed them (torch-loss-pad-id-zero,
+    numpy-loss-counts-padding)."""
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((2, 5, 11)) * 3.0
+    targets = np.array([[0, 4, 0, 3, 3], [5, 0, 3, 3, 3]])
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    per_token = -(1 - label_smoothing) * np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    per_token -= label_smoothing * log_probs.mean(-1)
+    want = per_token[targets != 3].mean()  # 5 real targets, three of them token 0
+    got = backend.call(backend.impl.cross_entropy, logits, targets, 3, label_smoothing)
+    assert_close(got, want, "float64", "cross-entropy with pad_id 3")
+
+
+# ------------------------------------------------------------------ converters' key mapping
+# Their name -> (our name, how their tensor is laid out from ours), as the converters' docstrings
+# and the real libraries have them (nn.Linear stores [out, in]; GPT-2's Conv1D [in, out], with
+# c_attn = [q | k | v] side by side). Layer 0 of each; the round trip of test_converters.py
+# cannot see two names exchanged in both directions.
+D = 36  # the GPT-2 converter's d_model in test_converters.py
+PINNED = {
+    "BertModel": {
+        "encoder.layer.0.attention.output.LayerNorm.weight": ("encoder.layers.0.self_attn_norm.weight", None),
+        "encoder.layer.0.output.LayerNorm.weight": ("encoder.layers.0.ffn_norm.weight", None),
+        "encoder.layer.0.attention.self.key.weight": ("encoder.layers.0.self_attn.w_k.weight", np.transpose),
+        "encoder.layer.0.output.dense.weight": ("encoder.layers.0.ffn.w_2.weight", np.transpose),
+    },
+    "LlamaForCausalLM": {
+        "model.layers.0.self_attn.k_proj.weight": ("decoder.layers.0.self_attn.w_k.weight", np.transpose),
+        "model.layers.0.self_attn.v_proj.weight": ("decoder.layers.0.self_attn.w_v.weight", np.transpose),
+        "model.layers.0.mlp.gate_proj.weight": ("decoder.layers.0.ffn.w_gate.weight", np.transpose),
+        "model.layers.0.input_layernorm.weight": ("decoder.layers.0.self_attn_norm.weight", None),
+    },
+    "GPT2LMHeadModel": {
+        "transformer.h.0.attn.c_attn.weight": ("decoder.layers.0.self_attn.w_q.weight", lambda w: w[:, :D]),
+        "transformer.h.0.attn.c_attn.bias": ("decoder.layers.0.self_attn.w_k.bias", lambda b: b[D : 2 * D]),
+        "transformer.h.0.ln_2.weight": ("decoder.layers.0.ffn_norm.weight", None),
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(PINNED))
+def test_their_names_hold_the_tensors_the_libraries_give_them(name):
+    """Kills spec-bert-norm-names-swapped, spec-llama-k-v-swapped, spec-gpt2-qkv-order."""
+    converter, params, state = exported(name)
+    for theirs, (ours, cut) in PINNED[name].items():
+        tensor = state[theirs] if cut is None else cut(state[theirs])
+        assert np.array_equal(tensor, params[ours]), f"{theirs} does not hold our {ours}"
+    back = converter.from_theirs(state, converter.config)
+    assert all(np.array_equal(back[k], params[k]) for k in params)
