@@ -104,7 +104,7 @@ class TorchBackend(Backend):
         self.impl = importlib.import_module(package(self.name))
 
     def asarray(self, x):
-        return self.torch.from_numpy(np.ascontiguousarray(x))
+        return self.torch.from_numpy(np.ascontiguousarray(x).reshape(x.shape))  # ascontiguousarray makes 0-d 1-d
 
     def to_numpy(self, x):
         return x.detach().cpu().numpy()

@@ -10,7 +10,7 @@ from flax import nnx
 from jax.scipy.special import erf
 
 from transformer_spec import Config
-from transformer_spec.checks import checks_inputs_once
+from transformer_spec.checks import check_features, checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -59,7 +59,8 @@ class PositionwiseFeedForward(nnx.Module):
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: jax.Array) -> None:
-        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once
@@ -93,7 +94,8 @@ class GatedFeedForward(nnx.Module):
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: jax.Array) -> None:
-        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer_spec import Config
-from transformer_spec.checks import checks_inputs_once
+from transformer_spec.checks import check_features, checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -37,6 +37,7 @@ class LayerNorm(nnx.Module):
 
     def check_inputs(self, x: jax.Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once
@@ -71,6 +72,7 @@ class RMSNorm(nnx.Module):
 
     def check_inputs(self, x: jax.Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once

@@ -45,8 +45,9 @@ def from_params(
     *,
     allow_non_finite: bool = False,
 ) -> Any:
-    """Build ``module_class(config)`` and load the canonical ``params`` into it; ``WeightsError`` when
-    they do not fit it or hold NaN or inf (unless ``allow_non_finite``)."""
+    """Build ``module_class(config)`` and load the canonical ``params`` into it, in inference mode
+    (dropout off, as loaded weights are used; ``module.train()`` switches it on); ``WeightsError``
+    when they do not fit it or hold NaN or inf (unless ``allow_non_finite``)."""
     schema, dtype = check_weights_to_load(module_class, config, params, dtype, allow_non_finite)
     # differs: jax-x64
     _check_x64(dtype)
@@ -57,6 +58,7 @@ def from_params(
         # jnp.array copies (the module owns its weights) onto the default device. An
         # nnx.Param is replaced through ``param[...] = array`` (``.value =`` is deprecated).
         getattr(parent, leaf)[...] = jnp.array(params[name], dtype=dtype)
+    module.eval()  # (torch's eval returns the module, NNX's returns None)
     return module
 
 

@@ -8,7 +8,7 @@ import numpy as np
 from scipy.special import erf, expit
 
 from transformer_spec import Config
-from transformer_spec.checks import checks_inputs_once
+from transformer_spec.checks import check_features, checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -85,7 +85,8 @@ class PositionwiseFeedForward(Module):
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: np.ndarray) -> None:
-        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once
@@ -130,7 +131,8 @@ class GatedFeedForward(Module):
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: np.ndarray) -> None:
-        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_spec import Config
-from transformer_spec.checks import checks_inputs_once
+from transformer_spec.checks import check_features, checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -31,6 +31,7 @@ class LayerNorm(Module):
 
     def check_inputs(self, x: np.ndarray) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once
@@ -81,6 +82,7 @@ class RMSNorm(Module):
 
     def check_inputs(self, x: np.ndarray) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once

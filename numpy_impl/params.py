@@ -21,13 +21,15 @@ def from_params(
     *,
     allow_non_finite: bool = False,
 ) -> Any:
-    """Build ``module_class(config)`` and load the canonical ``params`` into it; ``WeightsError`` when
-    they do not fit it or hold NaN or inf (unless ``allow_non_finite``)."""
+    """Build ``module_class(config)`` and load the canonical ``params`` into it, in inference mode
+    (dropout off, as loaded weights are used; ``module.train()`` switches it on); ``WeightsError``
+    when they do not fit it or hold NaN or inf (unless ``allow_non_finite``)."""
     schema, dtype = check_weights_to_load(module_class, config, params, dtype, allow_non_finite)
     module = module_class(config, dtype)
     for name in schema:
         parent, leaf = parent_of(module, name)
         setattr(parent, leaf, np.array(params[name], dtype=dtype))  # a copy: the module owns its weights
+    module.eval()  # (torch's eval returns the module, NNX's returns None)
     return module
 
 

@@ -9,7 +9,7 @@ from torch import nn
 from torch.special import erf
 
 from transformer_spec import Config
-from transformer_spec.checks import checks_inputs_once
+from transformer_spec.checks import check_features, checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -54,7 +54,8 @@ class PositionwiseFeedForward(nn.Module):
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: torch.Tensor) -> None:
-        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once
@@ -89,7 +90,8 @@ class GatedFeedForward(nn.Module):
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: torch.Tensor) -> None:
-        """x (B, T, d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once

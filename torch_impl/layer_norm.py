@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from transformer_spec import Config
-from transformer_spec.checks import checks_inputs_once
+from transformer_spec.checks import check_features, checks_inputs_once
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -34,6 +34,7 @@ class LayerNorm(nn.Module):
 
     def check_inputs(self, x: torch.Tensor) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once
@@ -68,6 +69,7 @@ class RMSNorm(nn.Module):
 
     def check_inputs(self, x: torch.Tensor) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
     @checks_inputs_once

@@ -28,8 +28,9 @@ def from_params(
     *,
     allow_non_finite: bool = False,
 ) -> nn.Module:
-    """Build ``module_class(config)`` and load the canonical ``params`` into it (eval mode);
-    ``WeightsError`` when they do not fit it or hold NaN or inf (unless ``allow_non_finite``)."""
+    """Build ``module_class(config)`` and load the canonical ``params`` into it, in inference mode
+    (dropout off, as loaded weights are used; ``module.train()`` switches it on); ``WeightsError``
+    when they do not fit it or hold NaN or inf (unless ``allow_non_finite``)."""
     schema, dtype = check_weights_to_load(module_class, config, params, dtype, allow_non_finite)
     module = module_class(config, dtype)
     # differs: framework-params
@@ -38,7 +39,8 @@ def from_params(
             parent, leaf = parent_of(module, name)
             value = _to_torch_layout(parent, leaf, np.asarray(params[name]))
             getattr(parent, leaf).copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=dtype)))
-    return module.eval()
+    module.eval()  # (torch's eval returns the module, NNX's returns None)
+    return module
 
 
 def to_params(module: nn.Module) -> dict[str, np.ndarray]:

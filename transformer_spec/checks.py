@@ -244,6 +244,14 @@ def check_hidden(name: str, shape: Sequence[int], d_model: int) -> None:
         raise ValueError(f"{name} must have shape (batch, seq_len, d_model={d_model}), got {_shape(shape)}")
 
 
+def check_features(name: str, shape: Sequence[int], d_model: int) -> None:
+    """The input of a norm or a feed-forward: (..., d_model), any leading dims."""
+    if caller_checked():
+        return
+    if len(shape) == 0 or shape[-1] != d_model:
+        raise ValueError(f"{name} must have shape (..., d_model={d_model}), got {_shape(shape)}")
+
+
 def check_same_batch(names: tuple[str, str], shapes: tuple[Sequence[int], Sequence[int]]) -> None:
     if caller_checked():
         return

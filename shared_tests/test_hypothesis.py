@@ -1,0 +1,471 @@
+"""Random cases, drawn by hypothesis: every backend gives NumPy's numbers, or NumPy's exact error.
+
+Issue 13. The hand-picked cases of test_models.py, test_inputs.py and test_errors.py cross a
+few switches each; here hypothesis draws the whole space at once -- model kind, sizes (heads
+dividing d_model, key/value heads dividing the heads, odd d_ff), one or two layers, every norm,
+activation, positional encoding (both rotary and both sinusoid layouts), bias switches, tied
+outputs, final norms, float32 and float64, batches with right-, left- and fully padded rows --
+and checks each backend against the NumPy float64 reference:
+
+* a model's logits (or an encoder's hidden states and pooler) at the real, non-pad positions,
+  within the tolerance table (``transformer_spec.tolerances.tolerance(dtype, layers)``);
+* a standalone attention (MultiHeadAttention, grouped or rotary, and
+  scaled_dot_product_attention) under random boolean masks that broadcast along any axis and
+  leave some queries nothing to attend to: its output and its weights;
+* bad inputs (ids of the wrong rank, out of range, float or bool; ragged lists; too long or
+  empty; masks of the wrong shape or dtype; token types; a component's wrong sizes and mixed
+  dtypes; weights of another config): the reference's exception, and the same type and
+  message in the backend -- or, where the reference accepts the input, its numbers.
+
+Every draw is small and comes from a few fixed sizes: JAX compiles once per model and shape,
+and that compile is most of this file's time. ``derandomize=True``: the same examples in every
+run (CI is deterministic); a failure prints the example, which a test in another file may pin.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis", reason="the property-based tests need hypothesis (the [test] extra)")
+
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from transformer_spec import Config, WeightsError, init_params  # noqa: E402
+from transformer_spec.config import ACTIVATIONS, KINDS, NORMS, POSITIONAL, ROPE_LAYOUTS, SINUSOID_LAYOUTS  # noqa: E402
+from transformer_spec.tolerances import max_relative_difference, tolerance  # noqa: E402
+
+from . import tolerances  # noqa: E402
+
+DTYPES = ("float32", "float64")
+BATCHES = (1, 2, 3)
+LENGTHS = (1, 4, 7)  # every sequence length a drawn model sees: few shapes, few JAX compiles
+MAX_LENS = (7, 9)  # 7: the longest sequence fills every position
+
+
+def _settings(max_examples: int):
+    """Deterministic (derandomize), no example database on disk, no deadline (JAX's first call
+    of each new model compiles it); the fixtures are session-wide but for conftest's bookkeeping."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+
+
+# =========================================================================== strategies
+@st.composite
+def configs(draw, kinds=KINDS) -> Config:
+    """A small valid Config: every switch drawn, sizes from a few odd values."""
+    kind = draw(st.sampled_from(kinds))
+    positional = draw(st.sampled_from(POSITIONAL))
+    num_heads = draw(st.sampled_from((1, 2, 4, 6)))  # 4 and 6: groups of 2 or 3 over 2 or 3 kv heads
+    d_k = draw(st.sampled_from((2, 4, 6) if positional == "rotary" else (2, 3, 4, 5)))  # rotary rotates pairs
+    num_kv_heads = draw(st.sampled_from([None] + [n for n in range(1, num_heads + 1) if num_heads % n == 0]))
+    encoder_layers = draw(st.sampled_from((1, 2))) if kind != "decoder_only" else 0
+    decoder_layers = draw(st.sampled_from((1, 2))) if kind != "encoder_only" else 0
+    uses_decoder = kind != "encoder_only"
+    src_vocab, tgt_vocab = draw(st.sampled_from((11, 23))), draw(st.sampled_from((13, 19)))
+    optional_bool = st.sampled_from((None, False, True))
+    return Config(
+        kind=kind,
+        d_model=num_heads * d_k,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        d_ff=draw(st.sampled_from((5, 9, 13))),
+        num_encoder_layers=encoder_layers,
+        num_decoder_layers=decoder_layers,
+        src_vocab_size=src_vocab,
+        tgt_vocab_size=tgt_vocab,
+        max_len=draw(st.sampled_from(MAX_LENS)),
+        pad_id=draw(st.sampled_from((0, 1, 10))),  # inside both vocabularies
+        norm=draw(st.sampled_from(NORMS)),
+        norm_first=draw(st.booleans()),
+        layer_norm_eps=draw(st.sampled_from((1e-5, 1e-12))),
+        gated_ffn=draw(st.booleans()),
+        activation=draw(st.sampled_from(ACTIVATIONS)),
+        positional=positional,
+        rope_layout=draw(st.sampled_from(ROPE_LAYOUTS)),
+        rope_theta=draw(st.sampled_from((10000.0, 500.0))),
+        sinusoid_layout=draw(st.sampled_from(SINUSOID_LAYOUTS)),
+        bias=draw(st.booleans()),
+        attention_bias=draw(optional_bool),
+        ffn_bias=draw(optional_bool),
+        encoder_final_norm=draw(optional_bool),
+        decoder_final_norm=draw(optional_bool),
+        scale_embeddings=draw(st.booleans()),
+        tie_output=draw(st.booleans()) if uses_decoder else False,
+        final_logits_bias=draw(st.booleans()) if uses_decoder else False,
+        type_vocab_size=draw(st.sampled_from((0, 2, 3))) if kind == "encoder_only" else 0,
+        embedding_norm=draw(st.booleans()),
+        pooler=draw(st.booleans()) if kind == "encoder_only" else False,
+        dropout=draw(st.sampled_from((0.0, 0.1))),  # inference: no backend may drop anything
+    )
+
+
+@st.composite
+def padded_ids(draw, vocab_size: int, pad_id: int, batch: int, seq_len: int) -> np.ndarray:
+    """(batch, seq_len) ids, each row unpadded, right-padded, left-padded or all padding; the
+    real tokens are never pad_id, so ``ids != pad_id`` marks exactly the real positions."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    ids = rng.integers(0, vocab_size - 1, size=(batch, seq_len))
+    ids += ids >= pad_id  # skip pad_id
+    for row in range(batch):
+        padding = draw(st.sampled_from(("none", "right", "left", "full")))
+        real = draw(st.integers(1, seq_len))
+        if padding == "right":
+            ids[row, real:] = pad_id
+        elif padding == "left":
+            ids[row, : seq_len - real] = pad_id
+        elif padding == "full":
+            ids[row] = pad_id
+    return ids
+
+
+def _vocab(config: Config) -> int:
+    """The vocabulary of a model's main ids: the target's for a decoder-only model."""
+    return config.tgt_vocab_size if config.kind == "decoder_only" else config.src_vocab_size
+
+
+@st.composite
+def model_cases(draw) -> tuple[Config, str, tuple, dict]:
+    """(config, dtype, positional inputs, keyword inputs) of one model call."""
+    config = draw(configs())
+    batch = draw(st.sampled_from(BATCHES))
+    ids = draw(padded_ids(_vocab(config), config.pad_id, batch, draw(st.sampled_from(LENGTHS))))
+    inputs, kwargs = (ids,), {}
+    if config.kind == "encoder_decoder":
+        tgt = draw(padded_ids(config.tgt_vocab_size, config.pad_id, batch, draw(st.sampled_from(LENGTHS))))
+        inputs = (ids, tgt)
+    if config.type_vocab_size and draw(st.booleans()):
+        kwargs["token_type_ids"] = np.random.default_rng(3).integers(0, config.type_vocab_size, ids.shape)
+    return config, draw(st.sampled_from(DTYPES)), inputs, kwargs
+
+
+def _real_positions(config: Config, inputs: tuple) -> np.ndarray:
+    """(B, T) True where the output row belongs to a real token: the target's for a decoder."""
+    return inputs[-1] != config.pad_id
+
+
+def _layers(config: Config) -> int:
+    return config.num_encoder_layers + config.num_decoder_layers
+
+
+def _check(got, want, dtype: str, layers: int, what: str) -> None:
+    """``assert_close`` with the bound of a stack of ``layers`` layers, recorded as the suite's are."""
+    error = max_relative_difference(got, want)
+    tol = tolerance(dtype, max(layers, 2))
+    tolerances.record_parity("output", dtype, error, tol)
+    key = (tolerances.current_backend["name"], tolerances.current_backend["oracle"], dtype)
+    if error > tolerances.WORST.get(key, (-1.0, ""))[0]:
+        tolerances.WORST[key] = (error, f"{tolerances.current_backend['test']}: {what}")
+    assert error <= tol, f"{what}: max |diff| / max |reference| = {error:.3e} > {tol:.0e} ({dtype})"
+
+
+def _cast(params: dict, dtype: str) -> dict:
+    return {name: value.astype(dtype) for name, value in params.items()}
+
+
+# ============================================================================ 1. models
+@_settings(max_examples=10)
+@given(case=model_cases(), seed=st.integers(0, 2**10))
+def test_random_models_give_the_references_logits_at_real_positions(backend, reference, case, seed):
+    config, dtype, inputs, kwargs = case
+    params = init_params(config, seed=seed, dtype="float64", nonzero_biases=True)
+    want = reference.call(reference.impl.build_model(config, params), *inputs, **kwargs)
+    got = backend.call(backend.impl.build_model(config, _cast(params, dtype)), *inputs, **kwargs)
+    field = "logits" if config.uses_decoder else "last_hidden_state"
+    real = _real_positions(config, inputs)  # (B, T)
+    got_field, want_field = getattr(got, field), getattr(want, field)
+    assert got_field.dtype == dtype and got_field.shape == want_field.shape
+    assert np.all(np.isfinite(got_field)), f"non-finite {field} (padding included)"
+    _check(got_field[real], want_field[real], dtype, _layers(config), f"{field} at real positions of {config}")
+    if config.pooler:  # BERT's pooler reads position 0: compare the rows where it is a real token
+        _check(got.pooler_output[real[:, 0]], want.pooler_output[real[:, 0]], dtype, _layers(config), "pooler_output")
+
+
+# ========================================================================= 2. attention
+@st.composite
+def masks(draw, shape: tuple[int, ...]) -> np.ndarray | None:
+    """None, or a boolean mask broadcastable to ``shape`` (each axis full or 1), True with a drawn
+    probability: some query rows may have no key to attend to."""
+    if draw(st.booleans()) and draw(st.booleans()):
+        return None
+    mask_shape = tuple(n if draw(st.booleans()) else 1 for n in shape)
+    p = draw(st.sampled_from((0.2, 0.6, 1.0)))
+    mask = np.random.default_rng(draw(st.integers(0, 2**16))).random(mask_shape) < p
+    if draw(st.booleans()):  # a query that may look at nothing
+        mask[..., draw(st.integers(0, mask_shape[-2] - 1)), :] = False
+    return mask
+
+
+@st.composite
+def attention_cases(draw):
+    config = draw(configs(kinds=("encoder_decoder",)))
+    batch, t_q = draw(st.sampled_from(BATCHES)), draw(st.sampled_from(LENGTHS))
+    t_k = draw(st.sampled_from(LENGTHS))  # rotary too: queries at 0 .. T_q - 1, keys at 0 .. T_k - 1
+    mask = draw(masks((batch, config.num_heads, t_q, t_k)))
+    return config, draw(st.sampled_from(DTYPES)), batch, t_q, t_k, mask
+
+
+@_settings(max_examples=8)
+@given(case=attention_cases(), seed=st.integers(0, 2**10))
+def test_random_attention_under_random_masks_gives_the_references_output_and_weights(backend, reference, case, seed):
+    config, dtype, batch, t_q, t_k, mask = case
+    params = init_params(config, seed=seed, dtype="float64", component="attention", nonzero_biases=True)
+    rng = np.random.default_rng(seed)
+    query = rng.standard_normal((batch, t_q, config.d_model))
+    key, value = rng.standard_normal((2, batch, t_k, config.d_model))
+    want = reference.call(reference.build("MultiHeadAttention", config, params), query, key, value, mask, True)
+    attention = backend.build("MultiHeadAttention", config, _cast(params, dtype))
+    inputs = (x.astype(dtype) for x in (query, key, value))
+    got = backend.call(attention, *inputs, mask, True)
+    for name, g, w in zip(("output", "weights"), got, want, strict=True):
+        assert g.dtype == dtype
+        _check(g, w, dtype, 1, f"attention {name} of {config} with a mask of shape {getattr(mask, 'shape', None)}")
+    if mask is not None:  # masked keys get exactly zero weight, not exp(-1e9)
+        assert np.all(got[1][np.broadcast_to(~mask, got[1].shape)] == 0.0)
+
+    # the bare function: q, k, v of any leading dims, d_v != d_k
+    q = rng.standard_normal((batch, config.num_heads, t_q, config.d_k))
+    k = rng.standard_normal((batch, config.num_heads, t_k, config.d_k))
+    v = rng.standard_normal((batch, config.num_heads, t_k, config.d_k + 1))
+    want = reference.call(reference.impl.scaled_dot_product_attention, q, k, v, mask)
+    got = backend.call(backend.impl.scaled_dot_product_attention, *(x.astype(dtype) for x in (q, k, v)), mask)
+    for name, g, w in zip(("context", "weights"), got, want, strict=True):
+        _check(g, w, dtype, 1, f"scaled_dot_product_attention {name}")
+
+
+# ========================================================================= 3. bad inputs
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def _as_form(draw, x: np.ndarray):
+    """``x`` as the backend's own array (``backend.call`` converts NumPy arrays) or as a list."""
+    return x.tolist() if draw(st.booleans()) else x
+
+
+def _bad_shape(draw, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that does not broadcast to ``shape``: another rank, or one axis neither 1 nor its size."""
+    if draw(st.booleans()):
+        rank = draw(st.sampled_from([r for r in range(1, 6) if r != len(shape)]))
+        return tuple(draw(st.sampled_from((1, 2, 5))) for _ in range(rank))
+    axis = draw(st.integers(0, len(shape) - 1))
+    size = draw(st.sampled_from([n for n in (2, 3, 5, 6, 8) if n != shape[axis]]))
+    return shape[:axis] + (size,) + shape[axis + 1 :]
+
+
+@st.composite
+def bad_ids(draw, vocab_size: int, max_len: int, shape: tuple[int, int]):
+    """(label, ids) ids that a model must refuse (or, where NumPy reads them, read as NumPy does)."""
+    good = np.random.default_rng(draw(st.integers(0, 2**16))).integers(0, vocab_size, shape)
+    fault = draw(
+        st.sampled_from(("rank", "negative", "too-large", "float", "bool", "ragged", "too-long", "empty", "nested"))
+    )
+    if fault == "rank":
+        rank_shape = draw(st.sampled_from(((), (shape[1],), (1, *shape), (*shape, 2))))
+        return fault, _as_form(draw, np.ones(rank_shape, np.int64))
+    if fault in ("negative", "too-large"):
+        values = st.integers(-300, -1) if fault == "negative" else st.integers(vocab_size, 300)
+        where = draw(st.lists(st.tuples(st.integers(0, shape[0] - 1), st.integers(0, shape[1] - 1)), min_size=1))
+        ids = good.copy()
+        for row, col in where:
+            ids[row, col] = draw(values)
+        dtypes = [t for t in INT_DTYPES if np.iinfo(t).min <= ids.min() and ids.max() <= np.iinfo(t).max]
+        return fault, _as_form(draw, ids.astype(draw(st.sampled_from(dtypes))))
+    if fault == "float":
+        return fault, _as_form(draw, good.astype(draw(st.sampled_from(("float32", "float64")))))
+    if fault == "bool":
+        return fault, _as_form(draw, good % 2 == 0)
+    if fault == "ragged":
+        extra = draw(st.sampled_from([n for n in range(shape[1] + 3) if n != shape[1]]))
+        rows = good.tolist() + [[1] * extra]
+        return fault, rows if draw(st.booleans()) else tuple(tuple(r) for r in rows)
+    if fault == "too-long":
+        return fault, _as_form(draw, np.ones((shape[0], max_len + draw(st.integers(1, 3))), np.int64))
+    if fault == "nested":  # a list holding a bare number where a row should be
+        return fault, [good[0].tolist(), 1]
+    return fault, np.zeros((shape[0], 0), draw(st.sampled_from(("int64", "int32"))))  # empty
+
+
+@st.composite
+def bad_masks(draw, expected: tuple[int, ...]):
+    """(label, mask) a mask of the wrong shape, dtype or nesting for scores of shape ``expected``."""
+    fault = draw(st.sampled_from(("shape", "dtype", "ragged")))
+    if fault == "shape":
+        return fault, _as_form(draw, np.ones(_bad_shape(draw, expected), bool))
+    if fault == "dtype":
+        return fault, _as_form(draw, np.ones(expected, draw(st.sampled_from(("int64", "float32", "float64", "uint8")))))
+    return fault, [[[[True] * (expected[3] + 1), [True]]]]
+
+
+@st.composite
+def bad_model_calls(draw):
+    """(config, label, positional args, keyword args): one call of a model with one bad input."""
+    config = draw(configs())
+    batch, seq_len = draw(st.sampled_from(BATCHES)), draw(st.sampled_from(LENGTHS))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, _vocab(config), (batch, seq_len))
+    what = draw(st.sampled_from(("ids", "mask", "second ids", "token types", "batch")))
+    heads = config.num_heads
+    if config.kind == "encoder_decoder":
+        tgt_len = draw(st.sampled_from(LENGTHS))
+        tgt = rng.integers(0, config.tgt_vocab_size, (batch, tgt_len))
+        if what in ("ids", "second ids"):
+            vocab = config.src_vocab_size if what == "ids" else config.tgt_vocab_size
+            label, bad = draw(bad_ids(vocab, config.max_len, (batch, seq_len if what == "ids" else tgt_len)))
+            args = (bad, tgt) if what == "ids" else (ids, bad)
+            return config, f"{what}: {label}", args, {}
+        if what == "batch":  # source and target of different batch sizes
+            return config, what, (ids, rng.integers(0, config.tgt_vocab_size, (batch + 1, tgt_len))), {}
+        name = draw(st.sampled_from(("src_mask", "tgt_mask", "memory_mask")))
+        t_q = seq_len if name == "src_mask" else tgt_len  # the encoder's queries, or the decoder's
+        t_k = tgt_len if name == "tgt_mask" else seq_len  # the decoder's keys, or the encoder's
+        label, mask = draw(bad_masks((batch, heads, t_q, t_k)))
+        return config, f"{name}: {label}", (ids, tgt), {name: mask}
+    if what in ("ids", "second ids", "batch"):
+        label, bad = draw(bad_ids(_vocab(config), config.max_len, (batch, seq_len)))
+        return config, f"ids: {label}", (bad,), {}
+    if what == "token types" and config.kind == "encoder_only":
+        fault = draw(st.sampled_from(("range", "shape", "bool", "float")))
+        types = rng.integers(0, max(config.type_vocab_size, 1), (batch, seq_len))
+        if fault == "range":
+            types[draw(st.integers(0, batch - 1)), -1] = draw(st.sampled_from((-1, config.type_vocab_size, 7)))
+        elif fault == "shape":
+            types = np.zeros(_bad_shape(draw, (batch, seq_len)), np.int64)
+        else:
+            types = types.astype(bool if fault == "bool" else "float64")
+        return config, f"token types: {fault}", (ids,), {"token_type_ids": _as_form(draw, types)}
+    label, mask = draw(bad_masks((batch, heads, seq_len, seq_len)))
+    return config, f"mask: {label}", (ids,), {"mask": mask}
+
+
+def _first_output(output) -> np.ndarray:
+    """A model's logits (or an encoder's last hidden state), an attention's output, a layer's output."""
+    if isinstance(output, tuple):
+        return output[0]
+    if hasattr(output, "logits"):
+        return output.logits if output.logits is not None else output.last_hidden_state
+    return output
+
+
+def _same_outcome(backend, reference, call, what: str, dtype: str = "float64", layers: int = 2) -> None:
+    """``call(b)`` in the reference and in ``backend``: the same exception type and message, or
+    (where the reference accepts the input) the same numbers."""
+    try:
+        want = call(reference)
+    except (TypeError, ValueError) as error:
+        expected = error
+        event(f"refused: {type(error).__name__}")  # pytest --hypothesis-show-statistics counts them
+    else:
+        event(f"accepted: {what.split(' into ')[0]}")
+        _check(_first_output(call(backend)), _first_output(want), dtype, layers, f"{what}, accepted by the reference")
+        return
+    with pytest.raises(type(expected)) as raised:
+        call(backend)
+    assert type(raised.value) is type(expected), f"{what}: {raised.value!r} where the reference raised {expected!r}"
+    assert str(raised.value) == str(expected), f"{what}: {raised.value!r} where the reference raised {expected!r}"
+
+
+@_settings(max_examples=30)
+@given(case=bad_model_calls())
+def test_random_bad_model_inputs_raise_the_references_error(backend, reference, case):
+    config, label, args, kwargs = case
+    params = init_params(config, seed=1, dtype="float64")
+
+    def call(b):
+        return b.call(b.impl.build_model(config, params), *args, **kwargs)
+
+    _same_outcome(backend, reference, call, f"{label} into {config.kind}", layers=_layers(config))
+
+
+@st.composite
+def bad_component_calls(draw):
+    """(config, component class, label, args): an attention, a norm or a feed-forward with one bad input."""
+    config = draw(configs(kinds=("encoder_decoder",)))
+    batch, t_q, t_k = draw(st.sampled_from(BATCHES)), draw(st.sampled_from(LENGTHS)), draw(st.sampled_from(LENGTHS))
+    d = config.d_model
+    rng = np.random.default_rng(0)
+    fault = draw(st.sampled_from(("d_model", "batch", "rank", "mixed dtypes", "weights dtype", "int", "mask")))
+    dtypes = ["float64"] * 3
+    shapes = [(batch, t_q, d), (batch, t_k, d), (batch, t_k, d)]
+    which = draw(st.integers(0, 2))
+    mask = None
+    if fault == "d_model":
+        shapes[which] = (*shapes[which][:2], d + draw(st.sampled_from((-1, 1, 2))))
+    elif fault == "batch":
+        shapes[which] = (batch + 1, *shapes[which][1:])
+    elif fault == "rank":
+        shapes[which] = shapes[which][1:] if draw(st.booleans()) else (1, *shapes[which])
+    elif fault == "mixed dtypes":
+        dtypes[which] = draw(st.sampled_from(("float32", "float16")))
+    elif fault == "weights dtype":
+        dtypes = ["float32"] * 3
+    elif fault == "int":
+        dtypes[which] = draw(st.sampled_from(("int64", "int32")))
+    else:
+        mask = draw(bad_masks((batch, config.num_heads, t_q, t_k)))[1]
+    arrays = [(rng.standard_normal(s) * 3).astype(t) for s, t in zip(shapes, dtypes, strict=True)]
+    component = draw(st.sampled_from(("MultiHeadAttention", "norm", "feed_forward")))
+    if component == "MultiHeadAttention":
+        return config, component, "attention", f"attention: {fault}", (*arrays, mask)
+    if config.norm == "rms_norm":
+        name, schema = ("RMSNorm", "rms_norm") if component == "norm" else ("GatedFeedForward", "gated_feed_forward")
+    else:
+        name, schema = (
+            ("LayerNorm", "layer_norm") if component == "norm" else ("PositionwiseFeedForward", "feed_forward")
+        )
+    return config, name, schema, f"{name}: {fault}", (arrays[which],)
+
+
+@_settings(max_examples=40)
+@given(case=bad_component_calls())
+def test_random_bad_component_inputs_raise_the_references_error(backend, reference, case):
+    config, name, schema, label, args = case
+    params = init_params(config, seed=2, dtype="float64", component=schema)
+    _same_outcome(backend, reference, lambda b: b.call(b.build(name, config, params), *args), label, layers=1)
+
+
+@_settings(max_examples=25)
+@given(config=configs(), other=configs(), dtype=st.sampled_from(DTYPES))
+def test_weights_of_another_config_are_refused_with_the_references_message(backend, reference, config, other, dtype):
+    """init_params(other) into build_model(config): the same WeightsError (missing, unexpected or
+    misshapen keys) in every backend; where the two schemas agree, the same model."""
+    params = init_params(other, seed=4, dtype=dtype)
+    try:
+        reference.impl.build_model(config, params)
+    except (WeightsError, ValueError) as error:
+        with pytest.raises(type(error)) as raised:
+            backend.impl.build_model(config, params)
+        assert str(raised.value) == str(error)
+    else:
+        backend.impl.build_model(config, params)
+
+
+# ====================================================================== 4. bad configs
+BAD_FIELDS = st.sampled_from(
+    [
+        ("kind", "decoder"), ("d_model", 0), ("d_model", 1), ("num_heads", -1), ("num_kv_heads", 2),
+        ("num_kv_heads", 0), ("d_ff", 2.5), ("max_len", True), ("norm", "batch_norm"), ("activation", "tanh"),
+        ("positional", "alibi"), ("rope_layout", "pairs"), ("sinusoid_layout", "cosines"), ("dropout", 1.0),
+        ("layer_norm_eps", 0.0), ("rope_theta", float("inf")), ("pad_id", 99), ("bias", 1), ("norm_first", None),
+        ("tie_output", "yes"), ("type_vocab_size", -2), ("attention_bias", 0), ("final_logits_bias", "no"),
+    ]
+)  # fmt: skip
+
+
+@_settings(max_examples=25)
+@given(config=configs(), bad=BAD_FIELDS)
+def test_an_invalid_config_is_refused_before_any_backend_sees_it(config, bad):
+    """A drawn config with one field made invalid: one validation, in transformer_spec, refuses it
+    (a ValueError naming the field), so every backend refuses it with the same message."""
+    name, value = bad
+    if name == "num_kv_heads" and value > 0:
+        value = config.num_heads + 1  # never divides num_heads
+    if name == "d_model" and value > 0:
+        value = config.d_model + 1 if config.num_heads > 1 else -config.d_model  # indivisible, or negative
+    with pytest.raises(ValueError, match=name):
+        config.replace(**{name: value})
