@@ -51,7 +51,13 @@ MUTATION_TESTS = "test_mutation_survivors.py"
 # transformer_spec's search, tokenizer, converters and schedules: the files that exercise them
 # (a model mutant runs everything above; these run in seconds instead of minutes).
 BY_PATH = {
-    "transformer_spec/decoding.py": ["test_decoding_search.py", "test_decoding.py", "test_inputs.py", "test_errors.py"],
+    "transformer_spec/decoding.py": [
+        "test_decoding_search.py",
+        "test_decoding.py",
+        "test_modern.py",
+        "test_inputs.py",
+        "test_errors.py",
+    ],
     "transformer_spec/tokenizer.py": ["test_inputs.py", "test_spec.py", "test_errors.py"],
     "transformer_spec/schedules.py": ["test_training.py", "test_spec.py", "test_gradients.py"],
 }
