@@ -10,15 +10,21 @@ killed (a test failed), survived (all passed) or timeout. The copy is imported, 
 and each run checks that. Prints a table and the mutation score; writes JSON results.
 
 What the runs leave out, and why:
-  * shared_tests/test_docs.py: it builds the site from the source and fails on any source
-    change (the code shown on the pages must be the files' lines), so it would kill every
-    mutant and hide the survivors;
-  * shared_tests/test_mirror.py: it compares the three backends' source line by line, so a
-    one-backend edit fails it whatever it does;
+  * shared_tests/test_mirror.py: it compares the three backends' source line by line, and
+    test_every_difference_has_a_reason fails on any one-backend edit whatever it does (checked:
+    a torch-only mutant fails it and nothing else of test_docs.py + test_mirror.py), so it
+    would kill every backend mutant and hide the survivors;
+  * shared_tests/test_docs.py: the site built from the source (a minute a run) and checked for
+    what a reader needs; no parity number in it (those come from the suite below);
   * the oracles (test_oracle_*.py: downloads, minutes), and the subprocess tests (CLI,
-    README, packaging, checkpoints killed mid-write), for speed.
-A mutant of one backend (jax, torch) runs the suite for that backend only; a NumPy mutant
-runs every backend (the others are held to NumPy); a transformer_spec mutant runs numpy.
+    README, packaging, checkpoints killed mid-write, the SmolLM2 commands), for speed.
+A model mutant runs CORE (test_fast_paths.py in it: a torch norm's written-out code is
+compared only there, the fused kernel runs everywhere else; ``--full``: every other file
+too); a file in BY_PATH runs the files that exercise it. The mutation tests
+(test_mutation_survivors.py) run last, so a mutant killed only by them shows it: the score
+"without" them is the suite's before they were written. A jax or torch mutant runs for that
+backend only; a NumPy mutant runs for torch (held to NumPy, it sees NumPy's bugs, and the
+NumPy-only tests run too); a transformer_spec mutant runs for numpy.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ EXCLUDED = {"test_docs.py", "test_mirror.py", "test_cli.py", "test_cli_errors.py
             "test_readme.py", "test_packages.py", "test_checkpoints.py", "test_smollm2_sentence.py"}  # fmt: skip
 # A model mutant runs these, in this order; the mutation tests last, so that a mutant they kill
 # shows as killed by test_mutation_survivors.py: it survived everything else (the score before them).
-CORE = ["test_decoding_search.py", "test_models.py", "test_components.py", "test_modern.py", "test_gradients.py",
+CORE = ["test_decoding_search.py", "test_models.py", "test_fast_paths.py", "test_components.py", "test_modern.py",
+        "test_gradients.py",
         "test_decoding.py", "test_dropout.py", "test_training.py", "test_params.py", "test_properties.py",
         "test_spec.py", "test_errors.py", "test_mutation_survivors.py"]  # fmt: skip
 MUTATION_TESTS = "test_mutation_survivors.py"
