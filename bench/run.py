@@ -44,6 +44,19 @@ class Plan:
         # to a minute (four whole generations), 4 rounds balance the order (Williams design)
         self.smollm2 = ((1, 8), Budget(4, 4, 0.0) if quick else Budget(4, 8, 90.0))
 
+    def shapes(self, sections: list[str]) -> str:
+        """The sizes of the sections that ran, in words (the report's and the README's source line)."""
+        parts = {
+            ("torch", "jax", "numpy", "baseline", "compile", "breakdown"): f"{' / '.join(self.sizes)} at 8 x 128",
+            ("bert",): f"BERT {self.bert[0]} at {self.bert[1]} x {self.bert[2]}",
+            ("sweep",): f"sweep {self.sweep[0]} at batch {self.sweep[1]}",
+            ("memory",): f"memory {self.memory[0]} at {self.memory[1]} x {self.memory[2]}",
+            ("training",): f"training {self.training[0][0]} at {self.training[0][1]} x {self.training[0][2]}",
+            ("smollm2",): "SmolLM2-135M: 32-token prompts + 64 new tokens at batch "
+            + " and ".join(str(b) for b in self.smollm2[0]),
+        }
+        return "; ".join(text for names, text in parts.items() if set(names) & set(sections))
+
 
 def _versions() -> str:
     found = []
@@ -204,13 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "versions": _versions(),
         "mode": "quick" if args.quick else "full",
         "sections": sections,
-        "shapes": (
-            f"{' / '.join(plan.sizes)} at 8 x 128; BERT {plan.bert[0]} at {plan.bert[1]} x {plan.bert[2]}; "
-            f"sweep {plan.sweep[0]} at batch {plan.sweep[1]}; memory {plan.memory[0]} at "
-            f"{plan.memory[1]} x {plan.memory[2]}; training {plan.training[0][0]} at "
-            f"{plan.training[0][1]} x {plan.training[0][2]}; SmolLM2-135M: 32-token prompts + 64 new tokens "
-            f"at batch {' and '.join(str(b) for b in plan.smollm2[0])}"
-        ),
+        "shapes": plan.shapes(sections),
         "total_s": time.perf_counter() - start,
         "load_start": load_start,
         "load_end": _load(),

@@ -21,6 +21,7 @@ CHECKS = {  # check -> (order, how to read it)
     "loss": (1, "loss vs NumPy's (float64)"),
     "gradients": (2, "every parameter's gradient vs NumPy's hand-written backward"),
     "finite differences": (3, "NumPy's backward vs central finite differences"),
+    "loss curve": (4, "float64 loss curve over 200 Adam steps vs NumPy's"),
 }
 BACKEND_ORDER = {name: order for order, name in enumerate(BACKENDS)}
 DTYPES = ("float64", "float32")

@@ -1,0 +1,249 @@
+"""Every measured table in README.md, generated from the measurements' own JSON outputs.
+
+    python -m tools.readme_numbers             # rewrite the README's generated blocks from the files below
+    python -m tools.readme_numbers --check     # exit 1 (and say which block) if the README disagrees
+    python -m tools.readme_numbers --measure   # first re-measure: the suite, the oracles, compare; then rewrite
+
+A generated block sits between ``<!-- numbers: NAME -->`` and ``<!-- /numbers: NAME -->``;
+nothing inside it is typed by hand. The sources, each written by the command that measures it:
+
+* ``docs/parity.json``: ``pytest SUITE_TESTS --parity-json docs/parity.json`` (also what the
+  docs site shows under each page): per test, check and dtype, the worst
+  ``max |got - reference| / max |reference|`` and its tolerance, and the run's pass/skip counts.
+* ``docs/oracles.json``: ``pytest ORACLE_TESTS --parity-json docs/oracles.json`` (the same
+  records, each naming its oracle: torch.nn, transformers, sentence-transformers, Flax).
+* ``docs/compare.txt``: what ``transformer-ref compare`` printed (``--measure`` runs it).
+* ``bench/results/latest.json`` (``python -m bench.run``) and ``bench/results/smollm2/latest.json``
+  (``python -m bench.run --sections smollm2 --out bench/results/smollm2``): the targets table
+  of each (``bench.targets``). ``--measure`` does not run the benchmark (half an hour, and it
+  wants a quiet machine): run those two commands first.
+
+``shared_tests/test_readme_numbers.py`` fails when a block differs from what these files
+give, and when ``docs/compare.txt`` differs from a fresh ``compare`` run (timings aside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+PARITY = os.path.join(ROOT, "docs", "parity.json")
+ORACLES = os.path.join(ROOT, "docs", "oracles.json")
+COMPARE = os.path.join(ROOT, "docs", "compare.txt")
+BENCH = [os.path.join(ROOT, "bench", "results", "latest.json"),
+         os.path.join(ROOT, "bench", "results", "smollm2", "latest.json")]  # fmt: skip
+
+# The tests behind docs/parity.json: every component, model, gradient, decoding and training check.
+SUITE_TESTS = ["shared_tests/test_components.py", "shared_tests/test_models.py",
+               "shared_tests/test_gradients.py", "shared_tests/test_decoding.py", "shared_tests/test_dropout.py",
+               "shared_tests/test_fast_paths.py", "shared_tests/test_trace.py", "shared_tests/test_modern.py",
+               "shared_tests/test_training.py"]  # fmt: skip
+ORACLE_TESTS = ["shared_tests/test_oracle_torch_modules.py", "shared_tests/test_oracle_bert.py",
+                "shared_tests/test_oracle_flax.py", "shared_tests/test_oracle_smollm2_model.py",
+                "shared_tests/test_oracle_hf_models.py"]  # fmt: skip
+COMPARE_COMMAND = ["compare"]  # transformer-ref compare, the README's main command, as the README shows it
+BACKENDS = ("numpy", "jax", "torch")
+REFERENCE = "numpy float64"
+
+
+# ------------------------------------------------------------------------------ reading
+def load(path: str) -> dict[str, Any] | None:
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def worst(tests: list[dict], **where: str) -> tuple[float, float, int] | None:
+    """(worst error, its tolerance, number of tests) over the records matching ``where``; None if none."""
+    rows = [t for t in tests if all(t[k] == v for k, v in where.items())]
+    if not rows:
+        return None
+    top = max(rows, key=lambda t: t["worst"])
+    return top["worst"], max(t["tolerance"] for t in rows), len({t["test"] for t in rows})
+
+
+def _e(value: tuple[float, float, int] | None) -> str:
+    return "—" if value is None else f"{value[0]:.1e}"
+
+
+def _source(path: str) -> str:
+    return os.path.relpath(path, ROOT)
+
+
+def _counts(report: dict[str, Any]) -> str:
+    summary = report.get("summary")
+    if not summary:
+        return ""
+    return (f" The run: {summary['passed']} passed, {summary['skipped']} skipped, {summary['failed']} failed in "
+            f"{summary['seconds'] / 60:.1f} min ({summary.get('workers', 1)} worker(s)).")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the blocks
+def agreement(parity: dict[str, Any]) -> str:
+    tests = parity["tests"]
+    lines = ["| backend | float64 worst | float32 worst | tolerance (float64 / float32) | tests |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for backend in BACKENDS:
+        cells = [worst(tests, backend=backend, check="output", reference=REFERENCE, dtype=d)
+                 for d in ("float64", "float32")]  # fmt: skip
+        if cells == [None, None]:
+            continue
+        label = "numpy (float32 vs its own float64)" if backend == "numpy" else backend
+        n = len({t["test"] for t in tests if t["backend"] == backend and t["check"] == "output"})
+        tol = " / ".join("—" if c is None else f"{c[1]:.0e}" for c in cells)
+        lines.append(f"| {label} | {_e(cells[0])} | {_e(cells[1])} | {tol} | {n} |")
+    fused = [worst(tests, backend=b, check="output", reference="the written-out path") for b in BACKENDS]
+    fused_text = ", ".join(f"{b} {_e(w)}" for b, w in zip(BACKENDS, fused, strict=True) if w is not None)
+    lines += ["", "Each backend's fused kernels against its own written-out code (`test_fast_paths.py`): "
+              f"{fused_text}.",
+              "", f"Generated from `{_source(PARITY)}` (`{parity['command']}`), versions "
+              f"{', '.join(f'{k} {v}' for k, v in sorted(parity['versions'].items()))}.{_counts(parity)}"]  # fmt: skip
+    return "\n".join(lines)
+
+
+def gradients(parity: dict[str, Any]) -> str:
+    tests = parity["tests"]
+    rows = [("NumPy's hand-written backward vs central finite differences (float64), per component and model",
+             worst(tests, check="finite differences"))]  # fmt: skip
+    for backend, how in (("torch", "torch.autograd"), ("jax", "jax.grad")):
+        rows.append((f"every parameter's gradient, {how} vs NumPy's backward (float64, per tensor)",
+                     worst(tests, backend=backend, check="gradients", dtype="float64")))  # fmt: skip
+    for backend in ("torch", "jax"):
+        rows.append((f"float64 loss curves over 200 Adam steps, {backend} vs NumPy (every run of test_training.py)",
+                     worst(tests, backend=backend, check="loss curve")))  # fmt: skip
+    lines = ["| check | worst measured | tolerance | tests |", "| --- | --- | --- | --- |"]
+    lines += [f"| {what} | {_e(w)} | {'—' if w is None else f'{w[1]:.0e}'} | {'—' if w is None else w[2]} |"
+              for what, w in rows]  # fmt: skip
+    lines += ["", f"Generated from `{_source(PARITY)}`."]
+    return "\n".join(lines)
+
+
+def oracles(report: dict[str, Any]) -> str:
+    tests = [t for t in report["tests"] if t["reference"] not in (REFERENCE, "the written-out path")]
+    references = sorted({t["reference"] for t in tests})
+    lines = [
+        "| oracle | dtype | numpy | jax | torch | tolerance | tests |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for reference in references:
+        for dtype in ("float64", "float32"):
+            cells = [worst(tests, reference=reference, backend=b, dtype=dtype) for b in BACKENDS]
+            present = [c for c in cells if c is not None]
+            if not present:
+                continue
+            n = len({t["test"] for t in tests if t["reference"] == reference and t["dtype"] == dtype})
+            tol = max(c[1] for c in present)
+            lines.append(f"| {reference} | {dtype} | {' | '.join(_e(c) for c in cells)} | {tol:.0e} | {n} |")
+    lines += ["", f"Generated from `{_source(ORACLES)}` (`{report['command']}`).{_counts(report)}"]
+    return "\n".join(lines)
+
+
+def compare(text: str) -> str:
+    return "```\n" + text.rstrip("\n") + "\n```"
+
+
+def performance(results: list[dict[str, Any]]) -> str:
+    from bench.targets import evaluate
+
+    lines = ["| target | measured | met? | what limits it |", "| --- | --- | --- | --- |"]
+    sources = []
+    for path, result in results:
+        for target in result.get("targets") or evaluate(result):
+            limits = target.get("limits", "") if not target["met"] else ""
+            lines.append(f"| {target['target']} | {target['measured']} | {'yes' if target['met'] else '**no**'} | "
+                         f"{limits.replace('|', '/')} |")  # fmt: skip
+        meta = result["meta"]
+        sources.append(f"`{_source(path)}` ({meta['date']}, {meta['cpu']}, {meta['cores']} cores, load "
+                       f"{meta.get('load_start', '?')} at the start, {meta.get('load_end', '?')} at the end; "
+                       f"{meta['shapes']})")  # fmt: skip
+    lines += ["", "Generated from " + "; ".join(sources) + "."]
+    return "\n".join(lines)
+
+
+def blocks() -> dict[str, Callable[[], str | None]]:
+    """name -> renderer; a renderer returns None when its source file is missing."""
+    parity, oracle = load(PARITY), load(ORACLES)
+    bench = [(path, r) for path in BENCH if (r := load(path)) is not None]
+    compare_text = open(COMPARE, encoding="utf-8").read() if os.path.exists(COMPARE) else None
+    return {
+        "agreement": lambda: parity and agreement(parity),
+        "gradients": lambda: parity and gradients(parity),
+        "oracles": lambda: oracle and oracles(oracle),
+        "compare": lambda: compare_text and compare(compare_text),
+        "performance": lambda: bench and performance(bench),
+    }
+
+
+# --------------------------------------------------------------------------- the README
+BLOCK = re.compile(r"(<!-- numbers: (?P<name>[a-z]+) -->\n)(?P<body>.*?)(\n<!-- /numbers: (?P=name) -->)", re.S)
+
+
+def render(readme: str) -> tuple[str, list[str]]:
+    """-> the README with every generated block re-rendered, and the names of blocks that changed."""
+    renderers, changed = blocks(), []
+    names = [m.group("name") for m in BLOCK.finditer(readme)]
+    unknown = sorted(set(names) - set(renderers))
+    if unknown:
+        raise SystemExit(f"README.md has generated blocks nobody renders: {unknown} (known: {sorted(renderers)})")
+
+    def one(match: re.Match) -> str:
+        body = renderers[match.group("name")]()
+        if body is None:
+            raise SystemExit(f"README block {match.group('name')!r}: its source file is missing (see --help)")
+        if body != match.group("body"):
+            changed.append(match.group("name"))
+        return match.group(1) + body + match.group(4)
+
+    return BLOCK.sub(one, readme), changed
+
+
+def measure() -> None:
+    """Re-run what writes the sources (not the benchmark)."""
+    python = sys.executable
+    for tests, out in ((SUITE_TESTS, PARITY), (ORACLE_TESTS, ORACLES)):
+        command = [python, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "--parity-json",
+                   os.path.relpath(out, ROOT)]  # fmt: skip
+        print("$", " ".join(command[2:]), flush=True)
+        subprocess.run(command, cwd=ROOT, check=True)
+    print("$ transformer-ref", " ".join(COMPARE_COMMAND), flush=True)
+    run = f"import sys; from transformer_cli.main import main; sys.exit(main({COMPARE_COMMAND!r}))"
+    text = subprocess.run([python, "-c", run], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    with open(COMPARE, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.readme_numbers", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if the README disagrees")
+    parser.add_argument("--measure", action="store_true", help="re-measure the suite, the oracles and compare first")
+    args = parser.parse_args(argv)
+    if args.measure:
+        measure()
+    with open(README, encoding="utf-8") as f:
+        readme = f.read()
+    new, changed = render(readme)
+    if args.check:
+        if changed:
+            print(f"README.md disagrees with the generated values in: {', '.join(changed)} "
+                  "(python -m tools.readme_numbers rewrites them)")  # fmt: skip
+            return 1
+        print("README.md: every generated block is up to date")
+        return 0
+    if changed:
+        with open(README, "w", encoding="utf-8") as f:
+            f.write(new)
+    print(f"README.md: rewrote {', '.join(changed) if changed else 'nothing (up to date)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
