@@ -85,11 +85,13 @@ def bench(session):
     session.run("python", "-m", "bench.run", *session.posargs)
 
 
-# The tests whose numbers the docs site shows under each component (see docs/components.py).
+# The tests whose numbers the docs site shows under each component (see docs/components.py) and
+# the README's generated tables (tools/readme_numbers.py's SUITE_TESTS, the same list).
 DOCS_PARITY_TESTS = ["shared_tests/test_components.py", "shared_tests/test_models.py",
                      "shared_tests/test_gradients.py", "shared_tests/test_decoding.py",
                      "shared_tests/test_dropout.py", "shared_tests/test_fast_paths.py",
-                     "shared_tests/test_trace.py", "shared_tests/test_modern.py"]  # fmt: skip
+                     "shared_tests/test_trace.py", "shared_tests/test_modern.py",
+                     "shared_tests/test_training.py"]  # fmt: skip
 
 
 @nox.session
@@ -107,7 +109,19 @@ def docs(session):
     session.run("python", "-m", "docs.walkthrough")
     session.run("python", "-m", "docs.pitfalls_data")
     session.run("python", "-m", "docs.build", "--check", "--screenshot")
+    session.run("python", "-m", "tools.readme_numbers")  # the README's tables from the new parity.json
     session.run("pytest", "shared_tests/test_docs.py", *session.posargs)
+
+
+@nox.session
+def mutants(session):
+    """Mutation testing (not in CI: about 40 minutes on 2 cores): each of tools/mutant_list.py's
+    hand-made one-line bugs in the three backends and transformer_spec is applied to a copy of
+    the tree and the tests that cover it are run; a mutant that no test kills is a survivor.
+    Prints the score; pass options after --, e.g. -- --jobs 2 or -- --only NAME."""
+    session.install("-e", ".[all,oracles,test]", TORCH_PIN)
+    session.env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    session.run("python", "-m", "tools.mutants", *session.posargs)
 
 
 @nox.session
