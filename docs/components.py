@@ -522,8 +522,13 @@ PAGES: tuple[Page, ...] = (
             "train.py: training_state, restore_training_state, _adam_moments, _set_adam_moments, "
             "_adam_moment_variables, _set_adam_step, dropout_streams, set_dropout_streams",
             "transformer_spec/schedules.py: warmup_schedule",
+            "transformer_spec/data_parallel.py: shard, shard_weights, rank_seed",
+            "data_parallel.py: data_parallel_loss_and_grads, data_parallel_train, _replica_sum, data_parallel_mesh, "
+            "shard_batch, replicate, gather, data_parallel_train_step, _train_replica, _loss_and_grads_replica, "
+            "_process_group_backend, _spawn, _replica",
         ),
         tests=(
+            "*test_data_parallel.py::*",
             "*test_gradients.py::test_loss_and_gradients_match_reference*",
             "*test_gradients.py::test_fully_masked_attention_rows_*",
             "*test_gradients.py::test_model_loss_gradients_match_finite_differences*",
@@ -533,6 +538,19 @@ PAGES: tuple[Page, ...] = (
             "_cached_update": "Not needed: nothing walks the module graph on each step.",
             "_adam_moment_variables": "Not needed: the moments are found by the parameter (torch) or by "
             "the canonical name (NumPy's own Adam), not by a path through optax's state.",
+            "_replica_sum": "Not needed: the replicas are real (processes, devices) and their framework adds "
+            "the gradients (DDP's all-reduce, GSPMD's).",
+            "data_parallel_mesh": "Not needed: no device mesh (torch: one process per replica; NumPy: shards in turn).",
+            "shard_batch": "Not needed: each replica slices its own rows (transformer_spec.data_parallel.shard).",
+            "replicate": "Not needed: DDP broadcasts rank 0's weights; NumPy has one model.",
+            "gather": "Not needed: the weights never left this device.",
+            "data_parallel_train_step": "Not needed: JAX's step is train.py's own on a sharded batch; NumPy's "
+            "is an inner function of data_parallel_train.",
+            "_train_replica": "Not needed: no processes to start.",
+            "_loss_and_grads_replica": "Not needed: no processes to start.",
+            "_process_group_backend": "Not needed: no process group.",
+            "_spawn": "Not needed: no processes to start.",
+            "_replica": "Not needed: no processes to start.",
         },
     ),
     Page(

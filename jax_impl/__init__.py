@@ -10,6 +10,7 @@ from .attention import (
     repeat_kv,
     scaled_dot_product_attention,
 )
+from .data_parallel import data_parallel_loss_and_grads, data_parallel_train
 from .decoder import Decoder, DecoderLayer
 from .embeddings import Embeddings, TokenEmbedding
 from .encoder import Encoder, EncoderLayer
@@ -54,6 +55,8 @@ from .training import loss_and_grads
 BACKEND = "jax"
 
 __all__ = [
+    "data_parallel_loss_and_grads",
+    "data_parallel_train",
     "Dropout",
     "seed_dropout",
     "named_modules",

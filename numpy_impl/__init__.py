@@ -16,6 +16,7 @@ from .attention import (
     repeat_kv,
     scaled_dot_product_attention,
 )
+from .data_parallel import data_parallel_loss_and_grads, data_parallel_train
 from .decoder import Decoder, DecoderLayer
 from .embeddings import Embeddings, TokenEmbedding
 from .encoder import Encoder, EncoderLayer
@@ -60,6 +61,8 @@ from .training import loss_and_grads
 BACKEND = "numpy"
 
 __all__ = [
+    "data_parallel_loss_and_grads",
+    "data_parallel_train",
     "use_fused_kernels",
     "fused_kernels_enabled",
     "fused_kernels",

@@ -20,7 +20,7 @@ NUMPY_BACKWARD = "numpy-backward"
 
 # Files that are each backend's own by design: listed by the report with their reason,
 # not compared statement by statement.
-PER_BACKEND_FILES: dict[str, str] = {"kernels.py": "fused-kernels"}
+PER_BACKEND_FILES: dict[str, str] = {"kernels.py": "fused-kernels", "data_parallel.py": "replica-processes"}
 # Files one backend has and the others do not, because their framework brings what they hold.
 ONE_BACKEND_FILES: dict[str, str] = {"numpy_impl/module.py": "numpy-framework"}
 
@@ -90,6 +90,16 @@ REASONS: dict[str, str] = {
     "jax-index-fill": "JAX never raises on an out-of-range index (weight[ids] clamps a bad id to the last "
     "row), and inside jit the ids' values are unknown: the embedding lookup fills an id outside the "
     "table with a row of NaN, loud rather than silently wrong. NumPy and torch raise.",
+    "replica-processes": "Data parallel lives in one file per backend, data_parallel.py, with the same public "
+    "functions (data_parallel_loss_and_grads, data_parallel_train) and each backend's own body, since how "
+    "replicas are made is each framework's own. torch runs one process "
+    "per replica (DistributedDataParallel in a gloo or nccl process group, started by "
+    "torch.multiprocessing.spawn or torchrun) and all-reduces the non-pad token count itself; JAX places the "
+    "batch on a device mesh (rows over the 'data' axis, the state replicated) and GSPMD partitions the one "
+    "jitted step, whose loss already sums over the global batch; NumPy, the reference, runs the shards one "
+    "after another on one model and adds their gradients, each weighted by its share of the global count. "
+    "All three reuse their train.py's step pieces and transformer_spec.train's loop, and "
+    "shared_tests/test_data_parallel.py holds each equal to the single-device step.",
     "nnx-static-none": "Flax NNX marks an attribute first set to None as static and refuses a module in it "
     "later, so an optional submodule is assigned once, in every branch; NumPy and torch set it to None "
     "first and maybe replace it.",

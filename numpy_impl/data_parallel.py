@@ -1,0 +1,86 @@
+"""Data-parallel training, the reference: the global batch split into ``data_parallel`` shards,
+run one after the other on the one model, their gradients added up with each shard's loss
+weighted by its share of the GLOBAL count of non-pad targets (``transformer_spec.data_parallel``).
+
+That sum is the gradient of the single-device loss on the whole batch, which is what
+torch_impl's DistributedDataParallel processes and jax_impl's sharded step compute too.
+Dropout: shard r draws from its own streams, seeded ``rank_seed(seed, r)``, as torch's rank r
+does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from transformer_spec.data_parallel import batch_size, check_data_parallel, rank_seed, shard, shard_weights
+from transformer_spec.train import train_loop
+
+from .layers import seed_dropout
+from .optim import Adam
+from .train import dropout_streams, set_dropout_streams
+from .training import loss_and_grads
+
+
+def data_parallel_loss_and_grads(
+    model, batch: Mapping[str, np.ndarray], data_parallel: int, label_smoothing: float = 0.0
+) -> tuple[float, dict[str, np.ndarray]]:
+    """-> (the loss of the global ``batch``, {canonical parameter name: gradient}), computed as
+    ``data_parallel`` replicas would: shard by shard, the gradients added up, each shard's
+    weighted by its share of the global count of non-pad targets."""
+    return _replica_sum(model, batch, data_parallel, label_smoothing, streams=None)
+
+
+def data_parallel_train(
+    model,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    steps: int,
+    schedule: Callable[[int], float],
+    label_smoothing: float = 0.0,
+    callback: Callable[[int, float], None] | None = None,
+    seed: int = 0,
+    data_parallel: int = 1,
+) -> list[float]:
+    """``train`` over ``data_parallel`` replicas: each step's gradients are those of the global
+    batch, summed over its shards; the loop is ``transformer_spec.train``'s."""
+    for batch in batches:
+        check_data_parallel(batch_size(model.config, batch), data_parallel)
+    optimizer = Adam(model, schedule)
+    streams = []  # each replica's dropout streams, where they stand
+
+    def seed_replicas(model, seed: int) -> None:
+        for rank in range(data_parallel):
+            seed_dropout(model, rank_seed(seed, rank))
+            streams.append(dropout_streams(model))
+
+    def data_parallel_train_step(model, optimizer: Adam, batch: Mapping[str, np.ndarray], label_smoothing: float):
+        loss, grads = _replica_sum(model, batch, data_parallel, label_smoothing, streams)
+        optimizer.step(grads)
+        return loss
+
+    return train_loop(
+        model, optimizer, data_parallel_train_step, seed_replicas, batches, steps, label_smoothing, callback, seed
+    )
+
+
+def _replica_sum(
+    model, batch: Mapping[str, np.ndarray], data_parallel: int, label_smoothing: float, streams: list[Any] | None
+) -> tuple[float, dict[str, np.ndarray]]:
+    """What the replicas' all-reduce adds up, one shard after another: sum_r weight_r * (loss_r, grads_r),
+    weight_r = count_r / count. Not the mean of the shards' means, which weighs a shard full of
+    padding as much as a full one."""
+    weights = shard_weights(model.config, batch, data_parallel)
+    loss, grads = 0.0, {}
+    for rank, weight in enumerate(weights):
+        if streams is not None:  # replica r's dropout masks come from its own streams
+            set_dropout_streams(model, streams[rank])
+        rows = shard(model.config, batch, rank, data_parallel)  # replica r's rows
+        shard_loss, shard_grads = loss_and_grads(model, rows, label_smoothing)
+        if streams is not None:
+            streams[rank] = dropout_streams(model)
+        loss += weight * shard_loss
+        for name, grad in shard_grads.items():
+            grads[name] = grads[name] + weight * grad if name in grads else weight * grad  # like the weight
+    return loss, grads

@@ -1,0 +1,206 @@
+"""Data-parallel training with PyTorch's ``DistributedDataParallel``: one process per replica
+(gloo on CPU, nccl on GPUs), each running train.py's loop on its rows of the global batch;
+DDP all-reduces the gradients during ``backward``.
+
+Launched two ways, the same code:
+- by ``data_parallel_train`` itself: ``torch.multiprocessing.spawn`` starts ``data_parallel``
+  processes on this machine, which meet through a file (``init_method="file://..."``, no port);
+- by ``torchrun`` (one machine or several): the processes already exist, ``RANK`` and
+  ``WORLD_SIZE`` are set, and ``data_parallel_train`` runs this process's replica
+  (``init_method="env://"``, torchrun's rendezvous).
+
+The loss is normalised by the GLOBAL count of non-pad targets: each process all-reduces its
+count, weighs its shard's mean by ``count_r / count``, and multiplies by the number of
+replicas, because DDP averages the gradients where the loss needs their sum.
+
+Dropout: each process seeds torch's global generator with ``rank_seed(seed, rank)``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import pickle
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from transformer_spec import param_schema, parent_of
+from transformer_spec.batches import split_batch
+from transformer_spec.data_parallel import (
+    batch_size,
+    check_data_parallel,
+    rank_seed,
+    rate_table,
+    shard,
+    table_schedule,
+)
+from transformer_spec.train import train_loop
+
+from .layers import seed_dropout
+from .loss import cross_entropy
+from .optim import Adam
+from .params import _to_torch_layout, build_model, to_params
+
+START_TIMEOUT = datetime.timedelta(seconds=120)  # a replica that never arrives fails the run, not hangs it
+
+
+def data_parallel_loss_and_grads(
+    model, batch: Mapping[str, Any], data_parallel: int, label_smoothing: float = 0.0
+) -> tuple[float, dict[str, np.ndarray]]:
+    """-> (the loss of the global ``batch``, {canonical parameter name: gradient}), computed by
+    ``data_parallel`` DDP processes, each on its rows (spawned here; the model's weights are sent)."""
+    check_data_parallel(batch_size(model.config, batch), data_parallel)
+    return _spawn(_loss_and_grads_replica, model, data_parallel, batch, label_smoothing)
+
+
+def data_parallel_train(
+    model,
+    batches: Sequence[Mapping[str, Any]],
+    steps: int,
+    schedule: Callable[[int], float],
+    label_smoothing: float = 0.0,
+    callback: Callable[[int, float], None] | None = None,
+    seed: int = 0,
+    data_parallel: int = 1,
+) -> list[float]:
+    """``train`` over ``data_parallel`` DDP processes: spawned here, or this process's replica when
+    torchrun started it. ``model`` ends with the trained weights either way. Spawned, the callback
+    runs in rank 0's process (so it must pickle) and the schedule travels as its table of rates."""
+    for batch in batches:
+        check_data_parallel(batch_size(model.config, batch), data_parallel)
+    rates = rate_table(schedule, steps)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun: be one replica
+        if int(os.environ["WORLD_SIZE"]) != data_parallel:
+            raise ValueError(f"data_parallel {data_parallel}, but torchrun started {os.environ['WORLD_SIZE']}")
+        device = next(model.parameters()).device
+        dist.init_process_group(_process_group_backend(device), init_method="env://", timeout=START_TIMEOUT)
+        try:
+            return _train_replica(model, int(os.environ["RANK"]), data_parallel, batches, steps, rates,
+                                  label_smoothing, callback, seed)  # fmt: skip
+        finally:
+            dist.destroy_process_group()
+    losses, params = _spawn(
+        _train_replica, model, data_parallel, batches, steps, rates, label_smoothing, callback, seed
+    )
+    with torch.no_grad():  # rank 0's trained weights into this process's model
+        for name, value in params.items():
+            parent, leaf = parent_of(model, name)
+            getattr(parent, leaf).copy_(torch.as_tensor(np.ascontiguousarray(_to_torch_layout(parent, leaf, value))))
+    return losses
+
+
+def data_parallel_train_step(
+    model: DistributedDataParallel,
+    optimizer: Adam,
+    batch: Mapping[str, Any],
+    label_smoothing: float = 0.0,
+    rank: int = 0,
+    data_parallel: int = 1,
+) -> float:
+    """One update of replica ``rank`` on its rows of the global ``batch``; returns the global loss."""
+    config, device = model.module.config, next(model.parameters()).device
+    inputs, targets = split_batch(config, shard(config, batch, rank, data_parallel))
+    targets = torch.as_tensor(targets, device=device)  # (B / N, T)
+    count = (targets != config.pad_id).sum()  # (): this replica's non-pad targets
+    total = count.clone()
+    dist.all_reduce(total)  # (): every replica's, the loss's denominator
+    with torch.enable_grad():
+        logits = model(*(torch.as_tensor(x, device=device) for x in inputs)).logits  # (B / N, T, V)
+        share = cross_entropy(logits, targets, config.pad_id, label_smoothing) * count / total.clamp(min=1)  # ()
+        (share * data_parallel).backward()  # DDP averages the replicas' gradients: * N makes that their sum
+    optimizer.step()
+    loss = share.detach().clone()  # ()
+    dist.all_reduce(loss)  # (): the global batch's loss, the sum of the shares
+    return float(loss)
+
+
+def _train_replica(
+    model, rank, data_parallel, batches, steps, rates, label_smoothing, callback, seed
+) -> tuple[list[float], dict[str, np.ndarray]]:
+    replica = DistributedDataParallel(model)  # broadcasts rank 0's weights: every replica starts equal
+    optimizer = Adam(model, functools.partial(table_schedule, rates))
+    step = functools.partial(data_parallel_train_step, rank=rank, data_parallel=data_parallel)
+    seed_replica = lambda model, seed: seed_dropout(model, rank_seed(seed, rank))  # noqa: E731
+    losses = train_loop(replica, optimizer, step, seed_replica, batches, steps, label_smoothing,
+                        callback if rank == 0 else None, seed)  # fmt: skip
+    return losses, to_params(model)  # NumPy arrays, on the host
+
+
+def _loss_and_grads_replica(model, rank, data_parallel, batch, label_smoothing):
+    """One DDP backward on this replica's rows; the all-reduced gradients, read from ``.grad``."""
+    replica = DistributedDataParallel(model)
+    config, device = model.config, next(model.parameters()).device
+    inputs, targets = split_batch(config, shard(config, batch, rank, data_parallel))
+    targets = torch.as_tensor(targets, device=device)
+    count = (targets != config.pad_id).sum()
+    total = count.clone()
+    dist.all_reduce(total)
+    logits = replica(*(torch.as_tensor(x, device=device) for x in inputs)).logits
+    share = cross_entropy(logits, targets, config.pad_id, label_smoothing) * count / total.clamp(min=1)
+    (share * data_parallel).backward()
+    loss = share.detach().clone()
+    dist.all_reduce(loss)
+    grads = {}
+    for name in param_schema(config):
+        parent, leaf = parent_of(model, name)
+        grads[name] = np.array(_to_torch_layout(parent, leaf, getattr(parent, leaf).grad.detach().cpu().numpy()))
+    return float(loss), grads
+
+
+def _process_group_backend(device: torch.device) -> str:
+    """nccl between GPUs, gloo between CPUs."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _spawn(job, model, data_parallel: int, *args) -> Any:
+    """Run ``job(model, rank, data_parallel, *args)`` in ``data_parallel`` new processes joined in one
+    process group; return rank 0's result. A process that fails fails the call with its traceback
+    (``torch.multiprocessing.ProcessRaisedException``) or its signal (``ProcessExitedException``)."""
+    with tempfile.TemporaryDirectory(prefix="ddp-") as folder:
+        init_file, result_file = os.path.join(folder, "rendezvous"), os.path.join(folder, "result.pkl")
+        params = {name: np.asarray(value) for name, value in to_params(model).items()}
+        threads = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"  # one core per replica, set before the children import torch
+        try:
+            mp.spawn(
+                _replica,
+                args=(job, model.config, params, data_parallel, init_file, result_file, args),
+                nprocs=data_parallel,
+                join=True,
+            )
+        finally:
+            if threads is None:
+                os.environ.pop("OMP_NUM_THREADS")
+            else:
+                os.environ["OMP_NUM_THREADS"] = threads
+        with open(result_file, "rb") as file:
+            return pickle.load(file)
+
+
+def _replica(rank, job, config, params, data_parallel, init_file, result_file, args):
+    """A spawned process: join the group, rebuild the model from the weights sent, run ``job``."""
+    torch.set_num_threads(1)
+    # one GPU per process where there are enough, else the CPU
+    device = torch.device(f"cuda:{rank}" if torch.cuda.device_count() >= data_parallel else "cpu")
+    dist.init_process_group(
+        _process_group_backend(device),
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=data_parallel,
+        timeout=START_TIMEOUT,
+    )
+    try:
+        result = job(build_model(config, params).to(device), rank, data_parallel, *args)
+        if rank == 0:
+            with open(result_file, "wb") as file:
+                pickle.dump(result, file)
+    finally:
+        dist.destroy_process_group()
