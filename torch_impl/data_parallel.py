@@ -22,6 +22,7 @@ import datetime
 import functools
 import os
 import pickle
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -56,9 +57,9 @@ def data_parallel_loss_and_grads(
     model, batch: Mapping[str, Any], data_parallel: int, label_smoothing: float = 0.0
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the loss of the global ``batch``, {canonical parameter name: gradient}), computed by
-    ``data_parallel`` DDP processes, each on its rows (spawned here; the model's weights are sent)."""
+    ``data_parallel`` DDP processes, each on its rows (see ``data_parallel_train`` for which)."""
     check_data_parallel(batch_size(model.config, batch), data_parallel)
-    return _spawn(_loss_and_grads_replica, model, data_parallel, batch, label_smoothing)
+    return _run(_loss_and_grads_replica, model, data_parallel, batch, label_smoothing)
 
 
 def data_parallel_train(
@@ -71,30 +72,37 @@ def data_parallel_train(
     seed: int = 0,
     data_parallel: int = 1,
 ) -> list[float]:
-    """``train`` over ``data_parallel`` DDP processes: spawned here, or this process's replica when
-    torchrun started it. ``model`` ends with the trained weights either way. Spawned, the callback
-    runs in rank 0's process (so it must pickle) and the schedule travels as its table of rates."""
+    """``train`` over ``data_parallel`` DDP processes: this process's replica when it is one already
+    (torchrun started it, or a process group exists), else ``data_parallel`` processes spawned here.
+    ``model`` ends with the trained weights either way. Spawned, the callback runs in rank 0's
+    process (so it must pickle) and the schedule travels as its table of rates."""
     for batch in batches:
         check_data_parallel(batch_size(model.config, batch), data_parallel)
     rates = rate_table(schedule, steps)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun: be one replica
-        if int(os.environ["WORLD_SIZE"]) != data_parallel:
-            raise ValueError(f"data_parallel {data_parallel}, but torchrun started {os.environ['WORLD_SIZE']}")
+    losses, params = _run(_train_replica, model, data_parallel, batches, steps, rates, label_smoothing, callback, seed)
+    with torch.no_grad():  # rank 0's trained weights into this process's model (spawned: it has not seen them)
+        for name, value in params.items():
+            parent, leaf = parent_of(model, name)
+            weight = getattr(parent, leaf)
+            weight.copy_(torch.as_tensor(np.ascontiguousarray(_to_torch_layout(parent, leaf, value))).to(weight.device))
+    return losses
+
+
+def _run(job, model, data_parallel: int, *args) -> Any:
+    """``job(model, rank, data_parallel, *args)`` as replica ``rank`` of a process group: the one that
+    exists, or one made from torchrun's variables (env://), or ``data_parallel`` new processes."""
+    if dist.is_initialized():
+        if dist.get_world_size() != data_parallel:
+            raise ValueError(f"data_parallel {data_parallel}, but the process group has {dist.get_world_size()}")
+        return job(model, dist.get_rank(), data_parallel, *args)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         device = next(model.parameters()).device
         dist.init_process_group(_process_group_backend(device), init_method="env://", timeout=START_TIMEOUT)
         try:
-            return _train_replica(model, int(os.environ["RANK"]), data_parallel, batches, steps, rates,
-                                  label_smoothing, callback, seed)  # fmt: skip
+            return _run(job, model, data_parallel, *args)
         finally:
             dist.destroy_process_group()
-    losses, params = _spawn(
-        _train_replica, model, data_parallel, batches, steps, rates, label_smoothing, callback, seed
-    )
-    with torch.no_grad():  # rank 0's trained weights into this process's model
-        for name, value in params.items():
-            parent, leaf = parent_of(model, name)
-            getattr(parent, leaf).copy_(torch.as_tensor(np.ascontiguousarray(_to_torch_layout(parent, leaf, value))))
-    return losses
+    return _spawn(job, model, data_parallel, *args)
 
 
 def data_parallel_train_step(
@@ -152,6 +160,7 @@ def _loss_and_grads_replica(model, rank, data_parallel, batch, label_smoothing):
     for name in param_schema(config):
         parent, leaf = parent_of(model, name)
         grads[name] = np.array(_to_torch_layout(parent, leaf, getattr(parent, leaf).grad.detach().cpu().numpy()))
+    model.zero_grad(set_to_none=True)  # leave the model as it came
     return float(loss), grads
 
 
@@ -202,5 +211,11 @@ def _replica(rank, job, config, params, data_parallel, init_file, result_file, a
         if rank == 0:
             with open(result_file, "wb") as file:
                 pickle.dump(result, file)
+        dist.barrier()  # no replica tears the group down while another still uses it
     finally:
         dist.destroy_process_group()
+    # Done, and the result is on disk: leave without the interpreter's teardown, which costs
+    # ~1.5 s per process with torch loaded and runs the C++ destructors of gloo's threads.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
