@@ -103,9 +103,18 @@ def test_the_attention_example_draws_real_words_and_alignments(tmp_path, capsys)
     assert diagonal.mean(-1).max() > 0.6, diagonal
 
 
-def test_the_toy_model_script_rebuilds_the_shipped_file_byte_for_byte(tmp_path):
-    """The recipe in transformer_cli/make_toy_model.py is the one that made the shipped weights."""
+def test_the_toy_model_script_rebuilds_a_model_like_the_shipped_one(tmp_path):
+    """The recipe in transformer_cli/make_toy_model.py makes a model of the shipped file's config and
+    keys that translates every training sentence. Not the same bits on every machine: the last bits
+    of each matmul follow the CPU's BLAS kernels and 600 Adam steps amplify them (measured on one CPU:
+    OpenBLAS's Haswell and Zen kernels rebuild the shipped file byte for byte, its Sandybridge and
+    SkylakeX kernels two other models, each a correct translator); any thread count gives the same file."""
     done = subprocess.run([sys.executable, "-m", "transformer_cli.make_toy_model", str(tmp_path / "toy.safetensors")],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "toy.safetensors").read_bytes() == open(TOY_TRANSLATION_MODEL, "rb").read()
+    translations = [line for line in done.stdout.splitlines() if "->" in line]
+    assert len(translations) == len(TOY_TRANSLATION) and all(line.endswith(" ok") for line in translations), done.stdout
+    rebuilt, rebuilt_config = load_params(str(tmp_path / "toy.safetensors"))
+    shipped, shipped_config = load_params(TOY_TRANSLATION_MODEL)
+    assert rebuilt_config == shipped_config
+    assert {k: (v.shape, v.dtype) for k, v in rebuilt.items()} == {k: (v.shape, v.dtype) for k, v in shipped.items()}

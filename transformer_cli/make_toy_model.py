@@ -12,6 +12,11 @@ weight on the aligned source word (mean 0.69 over the six sentences; seeds 0-6: 
 seed translates all six training sentences correctly.
 
 Usage: python -m transformer_cli.make_toy_model [OUT]   (default: the shipped file)
+
+The same bits only where the BLAS kernels round as the original machine's did: 600 Adam steps
+amplify the last bits of each matmul (on one CPU, OpenBLAS's Haswell and Zen kernels give the shipped
+file, its Sandybridge and SkylakeX kernels two other models, each translating every sentence: choose with
+OPENBLAS_CORETYPE); on one machine any thread count gives the same file.
 """
 
 from __future__ import annotations
