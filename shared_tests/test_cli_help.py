@@ -17,7 +17,7 @@ from transformer_cli.main import main
 from transformer_spec import load_params
 from transformer_spec.data import BOS, EOS, TOY_TRANSLATION, TOY_TRANSLATION_MODEL, WordVocab, pad
 
-COMMANDS = ["compare", "embed", "generate", "pitfalls", "train", "trace", "attention", "mirror"]
+COMMANDS = ["compare", "embed", "generate", "pitfalls", "train", "shakespeare", "trace", "attention", "mirror"]
 
 
 def help_text(*argv: str) -> str:
@@ -66,7 +66,9 @@ def test_every_option_has_help_and_no_rst_markup(command):
         )
 
 
-@pytest.mark.parametrize("command", ["compare", "trace", "attention", "embed", "train", "generate", "pitfalls"])
+@pytest.mark.parametrize(
+    "command", ["compare", "trace", "attention", "embed", "train", "shakespeare", "generate", "pitfalls"]
+)
 def test_commands_that_run_torch_take_threads(command):
     assert "--threads N" in help_text(command)
 

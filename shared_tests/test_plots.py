@@ -115,6 +115,27 @@ def test_loss_curve_is_legible(steps):
     assert figure.axes[0].get_yscale() == "log"
 
 
+@pytest.mark.parametrize("steps", [3, 600])
+def test_shakespeare_loss_curves_of_three_backends_are_legible(steps):
+    from transformer_cli.shakespeare import curves_figure
+
+    noise = np.random.default_rng(0).standard_normal(steps) * 0.1
+    curves = {
+        name: list(3.7 * np.exp(-np.arange(steps) / 150) + 4.0 + noise + 1e-3 * i)
+        for i, name in enumerate(["numpy", "jax", "torch"])
+    }
+    figure = curves_figure(
+        curves, {"numpy": 181.9, "jax": 181.9, "torch": 182.0}, "Shakespeare, 600 steps (float32, seed 0)"
+    )
+    check_figure(figure, least_filled=0.9)
+    legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+    assert legend == [
+        "numpy (held-out perplexity 181.9)",
+        "jax (held-out perplexity 181.9)",
+        "torch (held-out perplexity 182.0)",
+    ]
+
+
 def test_benchmark_sweep_plot_is_legible():
     implementations = ["ours (torch)", "nn.TransformerEncoder", "ours (jax)", "Flax NNX layers", "ours (numpy)"]
     points = [
