@@ -18,10 +18,18 @@ continues the run from it exactly as if it had never stopped (the same weights, 
 moments and step, the schedule's position, the batches and the dropout masks: the float64
 loss curve is the uninterrupted one), with the settings stored in it.
 
+``--data-parallel N`` trains on N replicas, each taking 1/N of every batch, their gradients
+added up so that the step is the single-device one (the loss over the whole batch's non-pad
+targets): torch spawns N DistributedDataParallel processes (gloo on the CPU, nccl on GPUs; run
+under torchrun, each process is one replica instead), JAX shards the batch over N devices
+(simulated on the CPU when there are fewer: XLA_FLAGS=--xla_force_host_platform_device_count=N),
+NumPy splits it into N shards run in turn. Replica r's dropout is seeded from (seed, r).
+
 Examples:
   transformer-ref train --task translate --steps 300 --save translate.safetensors
   transformer-ref train --resume translate.safetensors --steps 400      # 100 steps more
   transformer-ref train --task copy --backend torch --plot loss.png      # one torch thread: see --threads
+  transformer-ref train --task copy --backend torch --data-parallel 2    # 2 DDP processes, 16 rows each
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from transformer_spec.data import (
     pad,
     translation_batch,
 )
+from transformer_spec.data_parallel import batch_size, check_data_parallel
 from transformer_spec.schedules import warmup_schedule
 
 from .errors import UsageError, dropout_rate, get_installed_backend, missing_extra, positive_int, probability, seed
@@ -91,6 +100,13 @@ def add_parser(commands) -> None:
         help="continue the run checkpointed in FILE (its settings; --steps may raise the total); saves to FILE "
         "unless --save says otherwise",
     )
+    parser.add_argument(
+        "--data-parallel",
+        type=positive_int,
+        metavar="N",
+        help="train on N replicas, each on 1/N of every batch (torch: N DDP processes spawned here; jax: N "
+        "devices, simulated on the CPU if fewer exist; numpy: N shards in turn); the batch must split evenly",
+    )
     parser.add_argument("--plot", metavar="PNG", help="draw the loss of every step into this PNG (needs matplotlib)")
     add_threads_argument(parser)
     parser.set_defaults(run=run)
@@ -123,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--checkpoint-every {args.checkpoint_every} needs --save FILE (where to write them)")
     if save:
         _check_writable("--save" if args.save else "--resume", save)
+    if args.data_parallel and (save or resumed):
+        option = "--save" if args.save else "--resume"
+        raise UsageError(f"--data-parallel {args.data_parallel} does not checkpoint yet: leave out {option}")
+    if args.data_parallel and settings["backend"] == "jax":
+        _simulate_cpu_devices(args.data_parallel)
     backend = get_installed_backend(settings["backend"])
     if args.plot:
         _check_plot(args.plot)
@@ -135,6 +156,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps {steps}: the run in {args.resume} has already done {done} steps")
     if resumed and resumed.config != config:
         raise UsageError(f"--resume {args.resume}: its config is not the one task {settings['task']!r} trains")
+    if args.data_parallel:
+        for batch in batches:
+            try:
+                check_data_parallel(batch_size(config, batch), args.data_parallel)
+            except ValueError as error:
+                raise UsageError(f"--data-parallel {args.data_parallel}: task {settings['task']}: {error}") from None
     params = resumed.params if resumed else init_params(config, seed=settings["seed"], dtype=settings["dtype"])
     model = backend.impl.build_model(config, params)
     threads = use_threads(args.threads, [settings["backend"]], sum(np.size(v) for v in params.values()))
@@ -143,18 +170,28 @@ def run(args: argparse.Namespace) -> int:
     where = f", resumed at step {done} from {args.resume}" if resumed else ""
     print(f"training {settings['task']} in {settings['backend']} ({settings['dtype']}): {config.kind}, "
           f"d_model {config.d_model}, {steps} steps, Adam with the paper's warm-up schedule ({settings['warmup']} "
-          f"steps){where}" + (f", {threads} torch thread{'s' * (threads > 1)}" if threads else ""))  # fmt: skip
+          f"steps){where}" + (f", {threads} torch thread{'s' * (threads > 1)}" if threads else "")
+          + (f", data parallel over {args.data_parallel} replicas" if args.data_parallel else ""))  # fmt: skip
     run_record = settings | {"steps": steps, "checkpoint_every": every}
 
     def checkpoint(state) -> None:
         save_checkpoint(save, config, backend.impl.to_params(model), state, run_record)
 
     progress = ProgressBar(steps, tokens_per_step)
-    losses = backend.impl.train(
-        model, batches, steps, schedule, settings["label_smoothing"], callback=progress, seed=settings["seed"],
-        resume=resumed.state if resumed else None, checkpoint=checkpoint if save else None,
-        checkpoint_every=every,
-    )  # fmt: skip
+    if args.data_parallel:
+        try:
+            losses = backend.impl.data_parallel_train(
+                model, batches, steps, schedule, settings["label_smoothing"], callback=progress,
+                seed=settings["seed"], data_parallel=args.data_parallel,
+            )  # fmt: skip
+        except ValueError as error:  # JAX: fewer devices than replicas
+            raise UsageError(f"--data-parallel {args.data_parallel}: {error}") from None
+    else:
+        losses = backend.impl.train(
+            model, batches, steps, schedule, settings["label_smoothing"], callback=progress, seed=settings["seed"],
+            resume=resumed.state if resumed else None, checkpoint=checkpoint if save else None,
+            checkpoint_every=every,
+        )  # fmt: skip
     progress.close()
     if save:
         print(f"checkpoint: {save} (--resume {save} continues it; every backend loads it: <backend>_impl.load_model)")
@@ -168,6 +205,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"loss curve: {args.plot}")
     show(backend, model)
     return 0
+
+
+def _simulate_cpu_devices(replicas: int) -> None:
+    """Let JAX show the CPU as ``replicas`` devices, where there are fewer accelerators. The flag only
+    acts before JAX starts; once it has (a caller that imported it), the config option may still."""
+    if "jax" not in sys.modules:
+        flag = f"--xla_force_host_platform_device_count={replicas}"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+        return
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", replicas)
+    except RuntimeError:  # JAX's backends have started: data_parallel_mesh says if it has too few devices
+        pass
 
 
 def _check_plot(path: str) -> None:
