@@ -209,10 +209,11 @@ def child(backend: str, out: str, rank: int = 0, init_file: str = "") -> None:
         sharded = shard_batch(batch, data_parallel_mesh(REPLICAS["jax"]))["ids"]
         results["devices"] = len(sharded.sharding.device_set)
         results["rows_per_device"] = sharded.sharding.shard_shape(sharded.shape)[0]
-    else:
-        dist.destroy_process_group()
     if rank == 0:
         np.savez(out, **results)
+    if backend == "torch":
+        dist.barrier()  # as torch_impl's spawned replicas do: no rank tears the group down under another
+        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module", autouse=True)
