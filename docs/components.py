@@ -525,7 +525,7 @@ PAGES: tuple[Page, ...] = (
             "transformer_spec/data_parallel.py: shard, shard_weights, rank_seed",
             "data_parallel.py: data_parallel_loss_and_grads, data_parallel_train, _replica_sum, data_parallel_mesh, "
             "shard_batch, replicate, gather, data_parallel_train_step, _train_replica, _loss_and_grads_replica, "
-            "_process_group_backend, _spawn, _replica",
+            "_run, _process_group_backend, _spawn, _replica",
         ),
         tests=(
             "*test_data_parallel.py::*",
@@ -548,6 +548,7 @@ PAGES: tuple[Page, ...] = (
             "is an inner function of data_parallel_train.",
             "_train_replica": "Not needed: no processes to start.",
             "_loss_and_grads_replica": "Not needed: no processes to start.",
+            "_run": "Not needed: no processes to join or start.",
             "_process_group_backend": "Not needed: no process group.",
             "_spawn": "Not needed: no processes to start.",
             "_replica": "Not needed: no processes to start.",
