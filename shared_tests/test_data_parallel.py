@@ -162,13 +162,14 @@ def test_the_train_command_trains_data_parallel_with_the_single_device_losses(ca
     """NumPy in this process; torch as a user runs it, spawning its 2 DDP processes itself."""
     from transformer_cli.main import main
 
+    children.start("torch-command")
     assert main(["train", "--task", "next-word", "--steps", "5"]) == 0
     single = [line for line in capsys.readouterr().out.splitlines() if line.startswith("loss: ")]
     assert main(["train", "--task", "next-word", "--steps", "5", "--data-parallel", "2"]) == 0
     out = capsys.readouterr().out
     assert "data parallel over 2 replicas" in out
     assert [line for line in out.splitlines() if line.startswith("loss: ")] == single
-    out = child_results(children, "torch-command")["stdout"]
+    out = children.results("torch-command")["stdout"]
     assert "torch (float32)" in out and "data parallel over 2 replicas" in out
     assert [line for line in out.splitlines() if line.startswith("loss: ")] == single  # 4 decimals
 
@@ -216,95 +217,111 @@ def child(backend: str, out: str, rank: int = 0, init_file: str = "") -> None:
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def children(tmp_path_factory):
-    """Start the torch replicas and the JAX child at once, before the module's first test (they run
-    side by side with each other and with the tests, which compute their references meanwhile);
-    -> backend -> ([processes], out)."""
-    folder = tmp_path_factory.mktemp("data-parallel")
-    started = {}
-    for backend, replicas in REPLICAS.items():
-        if importlib.util.find_spec(backend) is None:
-            continue
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        out = folder / f"{backend}.npz"
-        command = [sys.executable, "-m", "shared_tests.test_data_parallel", backend, str(out)]
-        if backend == "jax":  # before JAX is imported: the CPU as 4 devices
-            # and XLA's cheaper compilation: compiling is nearly all of this child's time (24 -> 15 s
-            # here), and the gradients stay within 1.1e-14 of the single device's in float64
-            flags = f"--xla_force_host_platform_device_count={replicas} --xla_backend_optimization_level=0"
-            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags} --xla_llvm_disable_expensive_passes=true".strip()
-            commands = [command]
-        else:  # one process per replica, meeting through a file (no port to clash)
-            commands = [command + [str(rank), str(folder / "rendezvous")] for rank in range(replicas)]
-        processes = [
-            subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for c in commands
-        ]
-        started[backend] = (processes, out)
-    if "torch" in started:  # the command spawns its own 2 DDP processes (torch.multiprocessing.spawn)
+def child_commands(name: str, folder: pathlib.Path) -> tuple[list[list[str]], dict[str, str], pathlib.Path | None]:
+    """-> (the commands of child ``name``, their environment, the .npz they write or None)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if name == "torch-command":  # the command spawns its own 2 DDP processes (torch.multiprocessing.spawn)
         command = [sys.executable, "-m", "transformer_cli", "train", "--task", "next-word", "--steps", "5",
                    "--backend", "torch", "--data-parallel", "2"]  # fmt: skip
-        started["torch-command"] = (
-            [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)],
-            None,
-        )
-    yield started
-    for processes, _ in started.values():
-        for process in processes:
-            if process.poll() is None:
+        return [command], env, None
+    out = folder / f"{name}.npz"
+    command = [sys.executable, "-m", "shared_tests.test_data_parallel", name, str(out)]
+    if name == "jax":  # before JAX is imported: the CPU as 4 devices
+        # and XLA's cheaper compilation: compiling is nearly all of this child's time (24 -> 15 s
+        # here), and the gradients stay within 1.1e-14 of the single device's in float64
+        flags = f"--xla_force_host_platform_device_count={REPLICAS['jax']} --xla_backend_optimization_level=0"
+        inherited = [flag for flag in env.get("XLA_FLAGS", "").split() if flag.startswith("--")]  # xdist's, well formed
+        env["XLA_FLAGS"] = " ".join([*inherited, flags, "--xla_llvm_disable_expensive_passes=true"])
+        return [command], env, out
+    # torch: one process per replica, meeting through a file (no port to clash)
+    return [command + [str(rank), str(folder / "rendezvous")] for rank in range(REPLICAS["torch"])], env, out
+
+
+class Children:
+    """The child processes, each started once. In a serial run the first test that needs one starts
+    them all, to run side by side; under xdist a worker starts only those its tests need."""
+
+    NAMES = ("torch", "jax", "torch-command")
+
+    def __init__(self, folder: pathlib.Path):
+        self.folder, self.started = folder, {}
+
+    def start(self, name: str) -> None:
+        """Start child ``name`` (and in a serial run every other one), those whose framework is installed."""
+        names = [name] if os.environ.get("PYTEST_XDIST_WORKER") else self.NAMES
+        for each in names:
+            if each not in self.started and importlib.util.find_spec(each.split("-")[0]) is not None:
+                commands, env, out = child_commands(each, self.folder)
+                processes = [
+                    subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    for c in commands
+                ]
+                self.started[each] = (processes, out)
+
+    def results(self, name: str) -> dict[str, np.ndarray]:
+        """Wait for child ``name``: its .npz, or {"stdout": ...}; its stderr in the failure if it failed."""
+        if importlib.util.find_spec(name.split("-")[0]) is None:
+            pytest.skip(f"{name.split('-')[0]} is not installed")
+        self.start(name)
+        processes, out = self.started[name]
+        reports, outputs = [], []
+        for rank, process in enumerate(processes):
+            try:
+                stdout, stderr = process.communicate(timeout=CHILD_TIMEOUT)
+            except subprocess.TimeoutExpired:
                 process.kill()
-                process.communicate()
+                stdout, stderr = process.communicate()
+            outputs.append(stdout)
+            if process.returncode != 0:
+                reports.append(
+                    f"{name} process {rank} exited with {process.returncode} (a negative status is the signal "
+                    f"that killed it)\n--- its stdout ---\n{stdout}\n--- its stderr ---\n{stderr}"
+                )
+        if reports or (out is not None and not out.exists()):
+            raise AssertionError("\n".join(reports) or f"the {name} child wrote no results")
+        return dict(np.load(out)) if out is not None else {"stdout": outputs[0]}
+
+    def stop(self) -> None:
+        for processes, _ in self.started.values():
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.communicate()
 
 
-def child_results(children, backend: str) -> dict[str, np.ndarray]:
-    if backend not in children:
-        pytest.skip(f"{backend.split('-')[0]} is not installed")
-    processes, out = children[backend]
-    reports, outputs = [], []
-    for rank, process in enumerate(processes):
-        try:
-            stdout, stderr = process.communicate(timeout=CHILD_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            stdout, stderr = process.communicate()
-        outputs.append(stdout)
-        if process.returncode != 0:
-            reports.append(
-                f"{backend} process {rank} exited with {process.returncode} (a negative status is the signal "
-                f"that killed it)\n--- its stdout ---\n{stdout}\n--- its stderr ---\n{stderr}"
-            )
-    if reports or (out is not None and not out.exists()):
-        raise AssertionError("\n".join(reports) or f"the {backend} child wrote no results")
-    return dict(np.load(out)) if out is not None else {"stdout": outputs[0]}
-
-
-@pytest.mark.parametrize("backend", list(REPLICAS))
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_data_parallel_gradients_equal_the_single_device_step(children, backend, dtype):
-    impl = pytest.importorskip(f"{backend}_impl", reason=f"{backend} is not installed")
-    model = impl.build_model(LM, init_params(LM, seed=0, dtype=dtype))
-    want_loss, want = impl.loss_and_grads(model, padded_batch(LM))  # while the children run
-    results = child_results(children, backend)
-    grads = {name: results[f"{dtype}/grad/{name}"] for name in want}
-    assert abs(float(results[f"{dtype}/loss"]) - want_loss) / want_loss <= TOLERANCE[dtype]
-    error = gradient_error(grads, want, dtype)
-    assert error <= TOLERANCE[dtype], (
-        f"{backend} {REPLICAS[backend]} replicas, {dtype}: gradients differ by {error:.2e}"
-    )
-    if backend == "jax":  # the batch really was split: 2 rows on each of 4 devices
-        assert int(results["devices"]) == 4 and int(results["rows_per_device"]) == 2
+@pytest.fixture(scope="module")
+def children(tmp_path_factory):
+    started = Children(tmp_path_factory.mktemp("data-parallel"))
+    yield started
+    started.stop()
 
 
 @pytest.mark.parametrize("backend", list(REPLICAS))
-def test_data_parallel_adam_steps_follow_the_single_device_curve(children, backend):
+def test_data_parallel_step_equals_the_single_device_step(children, backend):
+    """torch: 2 DDP processes; JAX: 4 simulated devices. Gradients (float64, float32) against the same
+    backend's single device, and 20 float64 Adam steps against the single-device loss curve."""
     import numpy_impl
 
+    children.start(backend)
+    impl = importlib.import_module(f"{backend}_impl")
+    want = {}  # while the children run
+    for dtype in ("float64", "float32"):
+        model = impl.build_model(LM, init_params(LM, seed=0, dtype=dtype))
+        want[dtype] = impl.loss_and_grads(model, padded_batch(LM))
     model = numpy_impl.build_model(LM, init_params(LM, seed=0, dtype="float64"))
-    want = np.array(numpy_impl.train(model, [padded_batch(LM)], STEPS, schedule(LM)))
-    results = child_results(children, backend)
-    error = float(np.max(np.abs(results["curve"] - want) / want))
+    curve = np.array(numpy_impl.train(model, [padded_batch(LM)], STEPS, schedule(LM)))
+    results = children.results(backend)
+    for dtype, (want_loss, want_grads) in want.items():
+        grads = {name: results[f"{dtype}/grad/{name}"] for name in want_grads}
+        assert abs(float(results[f"{dtype}/loss"]) - want_loss) / want_loss <= TOLERANCE[dtype]
+        error = gradient_error(grads, want_grads, dtype)
+        assert error <= TOLERANCE[dtype], (
+            f"{backend} {REPLICAS[backend]} replicas, {dtype}: gradients differ by {error:.2e}"
+        )
+    error = float(np.max(np.abs(results["curve"] - curve) / curve))
     assert error <= CURVE_TOLERANCE, f"{backend}: loss curves differ by {error:.2e} (> {CURVE_TOLERANCE:.0e})"
+    if backend == "jax":  # the batch really was split: 2 rows on each of 4 devices
+        assert int(results["devices"]) == 4 and int(results["rows_per_device"]) == 2
 
 
 if __name__ == "__main__":
