@@ -26,7 +26,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # set by xdist before the worker read
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_name, "1")
     os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
     ).strip()
 
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ and importlib.util.find_spec("jax") is not None:
