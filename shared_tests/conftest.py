@@ -25,9 +25,7 @@ import tempfile
 if os.environ.get("PYTEST_XDIST_WORKER"):  # set by xdist before the worker reads this file
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_name, "1")
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-    ).strip()
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
 
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ and importlib.util.find_spec("jax") is not None:
     # One persistent compilation cache for this run, shared by its xdist workers and by the
