@@ -9,7 +9,7 @@ nothing inside it is typed by hand. The sources, each written by the command tha
 
 * ``docs/parity.json``: ``pytest SUITE_TESTS --parity-json docs/parity.json`` (also what the
   docs site shows under each page): per test, check and dtype, the worst
-  ``max |got - reference| / max |reference|`` and its tolerance, and the run's pass/skip counts.
+  ``max |got - reference| / max |reference|`` and its tolerance.
 * ``docs/oracles.json``: ``pytest ORACLE_TESTS --parity-json docs/oracles.json`` (the same
   records, each naming its oracle: torch.nn, transformers, sentence-transformers, Flax).
 * ``docs/compare.txt``: what ``transformer-ref compare`` printed (``--measure`` runs it).
@@ -79,14 +79,6 @@ def _source(path: str) -> str:
     return os.path.relpath(path, ROOT)
 
 
-def _counts(report: dict[str, Any]) -> str:
-    summary = report.get("summary")
-    if not summary:
-        return ""
-    return (f" The run: {summary['passed']} passed, {summary['skipped']} skipped, {summary['failed']} failed in "
-            f"{summary['seconds'] / 60:.1f} min ({summary.get('workers', 1)} worker(s)).")  # fmt: skip
-
-
 # ----------------------------------------------------------------------------- the blocks
 def agreement(parity: dict[str, Any]) -> str:
     tests = parity["tests"]
@@ -106,7 +98,7 @@ def agreement(parity: dict[str, Any]) -> str:
     lines += ["", "Each backend's fused kernels against its own written-out code (`test_fast_paths.py`): "
               f"{fused_text}.",
               "", f"Generated from `{_source(PARITY)}` (`{parity['command']}`), versions "
-              f"{', '.join(f'{k} {v}' for k, v in sorted(parity['versions'].items()))}.{_counts(parity)}"]  # fmt: skip
+              f"{', '.join(f'{k} {v}' for k, v in sorted(parity['versions'].items()))}."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -143,7 +135,7 @@ def oracles(report: dict[str, Any]) -> str:
             n = len({t["test"] for t in tests if t["reference"] == reference and t["dtype"] == dtype})
             tol = max(c[1] for c in present)
             lines.append(f"| {reference} | {dtype} | {' | '.join(_e(c) for c in cells)} | {tol:.0e} | {n} |")
-    lines += ["", f"Generated from `{_source(ORACLES)}` (`{report['command']}`).{_counts(report)}"]
+    lines += ["", f"Generated from `{_source(ORACLES)}` (`{report['command']}`)."]
     return "\n".join(lines)
 
 
