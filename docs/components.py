@@ -555,6 +555,58 @@ PAGES: tuple[Page, ...] = (
         },
     ),
     Page(
+        slug="mixed-precision",
+        title="bf16 mixed precision",
+        summary="float32 master weights, bf16 compute: torch.autocast, Flax's compute dtype, NumPy emulating both.",
+        equations=(
+            r"\mathrm{bf16}(x) = \mathrm{round}_{8\,\mathrm{bits}}(x), \quad "
+            r"\frac{\lVert y_{\mathrm{bf16}} - y_{\mathrm{fp32}} \rVert}{\lVert y_{\mathrm{fp32}} \rVert} \le \mathrm{budget}",
+        ),
+        text=(
+            "The weights, the gradients that reach Adam and Adam's moments stay float32; the passes run partly "
+            "in bfloat16 (8 bits of mantissa, 3 significant digits). *Which* parts is each framework's own "
+            "policy. torch's `torch.autocast` casts the inputs of each matmul and `nn.Linear` to bf16 and "
+            "returns bf16; every other op runs in the dtype its inputs promote to, so the embeddings, the norms "
+            "and the residual stream stay float32 (on CUDA softmax and layer_norm are forced to float32 too; "
+            "on CPU they are not). Flax has no autocast: a module's `dtype` is the dtype it computes in, apart "
+            "from `param_dtype`. JAX here makes, inside the jitted step, a copy of the model whose parameters "
+            "and buffers are cast to bf16 and whose `nnx.Linear` layers compute in bf16: the whole forward, "
+            "residual stream included, runs in bf16, and `jax.grad` carries the gradient back through the "
+            "casts to the float32 weights.",
+            "NumPy has neither. `ml_dtypes` gives it a bfloat16 dtype but NumPy's own promotion (bf16 @ bf16 "
+            "is float32, bf16 * 2.0 is float32). So the NumPy model's weights are swapped, for one pass, for "
+            "views of `Bf16Compute`, an array whose every op computes in float32 and rounds to the dtype torch "
+            "and JAX give it: the same forward and hand-written backward text, emulating either policy. Its "
+            "elementwise ops and reductions equal torch's bit for bit.",
+            "In every backend the loss is computed in float32, from the logits cast to float32. bf16 cannot be "
+            "equal across frameworks bit for bit (XLA fuses elementwise chains, oneDNN blocks its sums), so it "
+            "is held to error budgets, norm-wise: the logits, the whole gradient and a bf16 training curve "
+            "against float32, and the backends against each other.",
+        ),
+        code=(
+            "transformer_spec/mixed_precision.py: POLICIES, OPS, BUDGET, relative_error, gradients_error",
+            "mixed_precision.py: compute_in_bf16, in_compute_dtype, keep_random_streams, Bf16Compute, _plain, "
+            "_result_dtype, _in_float32, _wrap, _float_arrays, _check, _arrays",
+            "mixed_precision.py: mixed_precision_logits, _logits, mixed_precision_loss_and_grads, _loss_and_grads",
+        ),
+        tests=("*test_mixed_precision.py::*",),
+        notes={
+            "compute_in_bf16": "Not needed: JAX's copy is made inside the jitted step (in_compute_dtype).",
+            "in_compute_dtype": "Not needed: torch.autocast (torch) and the weights swapped in place (NumPy).",
+            "keep_random_streams": "Not needed: the model itself runs, its dropout streams advance as they do.",
+            "Bf16Compute": "Not needed: the framework has bf16 arithmetic of its own.",
+            "_plain": "Not needed: no emulation.",
+            "_result_dtype": "Not needed: the framework promotes.",
+            "_in_float32": "Not needed: no emulation.",
+            "_wrap": "Not needed: no emulation.",
+            "_float_arrays": "Not needed: the framework finds its parameters.",
+            "_check": "Not needed: checked in compute_in_bf16.",
+            "_arrays": "Not needed: the model is called eagerly.",
+            "_logits": "Not needed: nothing to compile.",
+            "_loss_and_grads": "Not needed: nothing to compile.",
+        },
+    ),
+    Page(
         slug="decoding",
         title="Decoding: greedy search, beam search and sampling",
         summary="One search in NumPy for every backend; steppers with and without a key/value cache.",

@@ -19,22 +19,34 @@ from flax import nnx
 from transformer_spec import param_schema, parent_of
 from transformer_spec.batches import split_batch
 from transformer_spec.checks import inputs_checked
+from transformer_spec.mixed_precision import check_compute_dtype
 from transformer_spec.train import TrainingState, train_loop
 
 from .layers import Dropout, seed_dropout
 from .loss import cross_entropy
+from .mixed_precision import in_compute_dtype, keep_random_streams
 from .optim import Adam
 from .params import _to_flax_name
 from .validate import check_token_ids
 
 
-@nnx.jit(static_argnames=("label_smoothing",))
+@nnx.jit(static_argnames=("label_smoothing", "compute_dtype"))
 def _update(  # differs: jax-jit
-    model, optimizer: nnx.Optimizer, inputs: tuple, targets: jax.Array, label_smoothing: float
+    model,
+    optimizer: nnx.Optimizer,
+    inputs: tuple,
+    targets: jax.Array,
+    label_smoothing: float,
+    compute_dtype: str | None = None,
 ) -> jax.Array:
     def loss_fn(model):
+        # differs: mixed-precision
+        forward = model if compute_dtype is None else in_compute_dtype(model, compute_dtype)
         with inputs_checked():  # train_step checked them eagerly, before this jit
-            logits = model(*inputs).logits  # (B, T, V), traced inside this jit
+            logits = forward(*inputs).logits  # (B, T, V), traced inside this jit
+        if forward is not model:  # differs: mixed-precision
+            logits = logits.astype(jnp.float32)  # the loss in float32
+            keep_random_streams(model, forward)
         return cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()
 
     loss, grads = nnx.value_and_grad(loss_fn)(model)  # grads: an nnx.State shaped like the Params
@@ -42,8 +54,11 @@ def _update(  # differs: jax-jit
     return loss
 
 
-def train_step(model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing: float = 0.0) -> float:
-    """One update on ``batch`` (see transformer_spec.batches); returns the loss before it."""
+def train_step(
+    model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing: float = 0.0, compute_dtype: str | None = None
+) -> float:
+    """One update on ``batch`` (see transformer_spec.batches); returns the loss before it.
+    ``compute_dtype="bfloat16"``: the passes in bf16, the weights and Adam in float32 (mixed_precision.py)."""
     inputs, targets = split_batch(model.config, batch)
     inputs, targets = tuple(jnp.asarray(x) for x in inputs), jnp.asarray(targets)
     # Inside jit the ids' values are unknown, so they are checked here, eagerly, as compiled() does.
@@ -51,8 +66,8 @@ def train_step(model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing
     check_token_ids("targets", targets, model.config.tgt_vocab_size, None)
     optimizer.set_learning_rate()
     if model is optimizer.model:  # the usual case: the cached step (see _cached_update)
-        return float(_cached_update(optimizer)(inputs, targets, label_smoothing))
-    return float(_update(model, optimizer.optimizer, inputs, targets, label_smoothing))
+        return float(_cached_update(optimizer)(inputs, targets, label_smoothing, compute_dtype))
+    return float(_update(model, optimizer.optimizer, inputs, targets, label_smoothing, compute_dtype))
 
 
 def _cached_update(optimizer: Adam):  # differs: jax-jit
@@ -80,15 +95,18 @@ def train(
     resume: TrainingState | None = None,
     checkpoint: Callable[[TrainingState], None] | None = None,
     checkpoint_every: int = 0,
+    compute_dtype: str | None = None,
 ) -> list[float]:
     """``steps`` Adam updates at ``schedule``'s rates, cycling through ``batches`` in order;
     returns the loss of every step. The loop itself (training mode with dropout drawn from
     ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
     ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
-    is ``transformer_spec.train``'s."""
+    is ``transformer_spec.train``'s. ``compute_dtype="bfloat16"``: mixed precision (mixed_precision.py)."""
+    check_compute_dtype(compute_dtype)
     optimizer = Adam(model, schedule)
+    step = train_step if compute_dtype is None else functools.partial(train_step, compute_dtype=compute_dtype)
     return train_loop(
-        model, optimizer, train_step, seed_dropout, batches, steps, label_smoothing, callback, seed,
+        model, optimizer, step, seed_dropout, batches, steps, label_smoothing, callback, seed,
         resume, checkpoint, checkpoint_every, training_state, restore_training_state,
     )  # fmt: skip
 

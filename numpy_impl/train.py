@@ -6,23 +6,36 @@ moments under the weights' canonical names and layout, the dropout streams, the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from transformer_spec import param_schema
+from transformer_spec.mixed_precision import check_compute_dtype
 from transformer_spec.train import TrainingState, train_loop
 
 from .layers import Dropout, seed_dropout
+from .mixed_precision import mixed_precision_loss_and_grads
 from .module import named_submodules
 from .optim import Adam
 from .training import loss_and_grads
 
 
-def train_step(model, optimizer: Adam, batch: Mapping[str, np.ndarray], label_smoothing: float = 0.0) -> float:
-    """One update on ``batch`` (see transformer_spec.batches); returns the loss before it."""
-    loss, grads = loss_and_grads(model, batch, label_smoothing)
+def train_step(
+    model,
+    optimizer: Adam,
+    batch: Mapping[str, np.ndarray],
+    label_smoothing: float = 0.0,
+    compute_dtype: str | None = None,
+) -> float:
+    """One update on ``batch`` (see transformer_spec.batches); returns the loss before it.
+    ``compute_dtype="bfloat16"``: the passes in bf16, the weights and Adam in float32 (mixed_precision.py)."""
+    if compute_dtype is None:
+        loss, grads = loss_and_grads(model, batch, label_smoothing)
+    else:  # differs: mixed-precision
+        loss, grads = mixed_precision_loss_and_grads(model, batch, label_smoothing, compute_dtype)
     optimizer.step(grads)
     return loss
 
@@ -38,15 +51,18 @@ def train(
     resume: TrainingState | None = None,
     checkpoint: Callable[[TrainingState], None] | None = None,
     checkpoint_every: int = 0,
+    compute_dtype: str | None = None,
 ) -> list[float]:
     """``steps`` Adam updates at ``schedule``'s rates, cycling through ``batches`` in order;
     returns the loss of every step. The loop itself (training mode with dropout drawn from
     ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
     ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
-    is ``transformer_spec.train``'s."""
+    is ``transformer_spec.train``'s. ``compute_dtype="bfloat16"``: mixed precision (mixed_precision.py)."""
+    check_compute_dtype(compute_dtype)
     optimizer = Adam(model, schedule)
+    step = train_step if compute_dtype is None else functools.partial(train_step, compute_dtype=compute_dtype)
     return train_loop(
-        model, optimizer, train_step, seed_dropout, batches, steps, label_smoothing, callback, seed,
+        model, optimizer, step, seed_dropout, batches, steps, label_smoothing, callback, seed,
         resume, checkpoint, checkpoint_every, training_state, restore_training_state,
     )  # fmt: skip
 

@@ -7,6 +7,8 @@ moments under the weights' canonical names and layout, the dropout streams, the 
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,20 +17,29 @@ import torch
 
 from transformer_spec import param_schema, parent_of
 from transformer_spec.batches import split_batch
+from transformer_spec.mixed_precision import check_compute_dtype
 from transformer_spec.train import TrainingState, train_loop
 
 from .layers import seed_dropout
 from .loss import cross_entropy
+from .mixed_precision import compute_in_bf16
 from .optim import Adam
 from .params import _to_torch_layout
 
 
-def train_step(model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing: float = 0.0) -> float:
-    """One update on ``batch`` (see transformer_spec.batches); returns the loss before it."""
+def train_step(
+    model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing: float = 0.0, compute_dtype: str | None = None
+) -> float:
+    """One update on ``batch`` (see transformer_spec.batches); returns the loss before it.
+    ``compute_dtype="bfloat16"``: the forward under torch.autocast, the weights and Adam in float32."""
     inputs, targets = split_batch(model.config, batch)
     # differs: framework-autograd
     with torch.enable_grad():  # callers may hold a no_grad context (evaluation, tests)
-        logits = model(*(torch.as_tensor(x) for x in inputs)).logits  # (B, T, V)
+        # differs: mixed-precision
+        with compute_in_bf16(model) if compute_dtype is not None else contextlib.nullcontext():
+            logits = model(*(torch.as_tensor(x) for x in inputs)).logits  # (B, T, V)
+        if compute_dtype is not None:  # differs: mixed-precision
+            logits = logits.float()  # the loss in float32
         loss = cross_entropy(logits, torch.as_tensor(targets), model.config.pad_id, label_smoothing)  # ()
         loss.backward()  # fills every parameter's .grad
     optimizer.step()
@@ -46,15 +57,18 @@ def train(
     resume: TrainingState | None = None,
     checkpoint: Callable[[TrainingState], None] | None = None,
     checkpoint_every: int = 0,
+    compute_dtype: str | None = None,
 ) -> list[float]:
     """``steps`` Adam updates at ``schedule``'s rates, cycling through ``batches`` in order;
     returns the loss of every step. The loop itself (training mode with dropout drawn from
     ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
     ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
-    is ``transformer_spec.train``'s."""
+    is ``transformer_spec.train``'s. ``compute_dtype="bfloat16"``: mixed precision (mixed_precision.py)."""
+    check_compute_dtype(compute_dtype)
     optimizer = Adam(model, schedule)
+    step = train_step if compute_dtype is None else functools.partial(train_step, compute_dtype=compute_dtype)
     return train_loop(
-        model, optimizer, train_step, seed_dropout, batches, steps, label_smoothing, callback, seed,
+        model, optimizer, step, seed_dropout, batches, steps, label_smoothing, callback, seed,
         resume, checkpoint, checkpoint_every, training_state, restore_training_state,
     )  # fmt: skip
 

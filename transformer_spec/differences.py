@@ -20,7 +20,11 @@ NUMPY_BACKWARD = "numpy-backward"
 
 # Files that are each backend's own by design: listed by the report with their reason,
 # not compared statement by statement.
-PER_BACKEND_FILES: dict[str, str] = {"kernels.py": "fused-kernels", "data_parallel.py": "replica-processes"}
+PER_BACKEND_FILES: dict[str, str] = {
+    "kernels.py": "fused-kernels",
+    "data_parallel.py": "replica-processes",
+    "mixed_precision.py": "mixed-precision",
+}
 # Files one backend has and the others do not, because their framework brings what they hold.
 ONE_BACKEND_FILES: dict[str, str] = {"numpy_impl/module.py": "numpy-framework"}
 
@@ -100,6 +104,15 @@ REASONS: dict[str, str] = {
     "after another on one model and adds their gradients, each weighted by its share of the global count. "
     "All three reuse their train.py's step pieces and transformer_spec.train's loop, and "
     "shared_tests/test_data_parallel.py holds each equal to the single-device step.",
+    "mixed-precision": "bf16 mixed precision is each framework's own: torch wraps the forward in torch.autocast "
+    "(matmuls and linear layers in bf16, everything else in the dtype its inputs promote to: float32 embeddings, "
+    "norms and residual stream); JAX runs Flax's compute dtype (a copy of the model inside the jitted step, its "
+    "parameters and buffers cast to bf16 and its nnx.Linear layers told to compute in bf16: the whole forward in "
+    "bf16); NumPy has neither and emulates both with ml_dtypes (an array class whose ops compute in float32 and "
+    "round as torch and JAX do). So mixed_precision.py is one file per backend with the same public functions "
+    "(compute_in_bf16 / in_compute_dtype, mixed_precision_logits, mixed_precision_loss_and_grads), and a "
+    "train_step takes compute_dtype and branches to it; the loss is float32 in all three "
+    "(transformer_spec.mixed_precision has the policies, the budgets and where they differ).",
     "nnx-static-none": "Flax NNX marks an attribute first set to None as static and refuses a module in it "
     "later, so an optional submodule is assigned once, in every branch; NumPy and torch set it to None "
     "first and maybe replace it.",

@@ -1,0 +1,178 @@
+"""bf16 mixed precision: float32 master weights, bf16 compute, held to error budgets (not tolerances).
+
+torch runs its own ``torch.autocast``, JAX Flax's compute dtype, NumPy emulates either with
+``ml_dtypes`` (transformer_spec.mixed_precision has the two policies and the budgets). Each is held
+to the float32 reference on logits and gradients, the backends to each other (NumPy's autocast to
+torch, NumPy's compute dtype to JAX, torch to JAX), a bf16 training run to the float32 loss curve;
+and every error must stay above a floor, or the pass did not run in bf16 at all.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from transformer_spec import Config, init_params
+from transformer_spec.mixed_precision import BUDGET, FLOOR, gradients_error, relative_error
+from transformer_spec.schedules import warmup_schedule
+
+from .test_data_parallel import padded_batch
+
+CONFIGS = {name: Config.preset(name) for name in ("tiny-lm", "tiny-llama", "tiny")}
+# (backend, policy): NumPy runs both policies; torch autocast, JAX the compute dtype
+RUNS = [("numpy", "autocast"), ("numpy", "compute_dtype"), ("torch", "autocast"), ("jax", "compute_dtype")]
+PAIRS = [(("numpy", "autocast"), ("torch", "autocast")), (("numpy", "compute_dtype"), ("jax", "compute_dtype")),
+         (("torch", "autocast"), ("jax", "compute_dtype"))]  # fmt: skip
+MEASURED: dict = {}  # (config, backend, policy) -> (logits, loss, grads): computed once per process
+
+
+def module(backend: str, name: str):
+    try:
+        return importlib.import_module(f"{backend}_impl.{name}")
+    except ImportError as error:
+        pytest.skip(f"backend {backend!r} is not installed ({error.name})")
+
+
+def batch_and_inputs(config: Config) -> tuple[dict, tuple]:
+    if config.kind == "encoder_decoder":
+        rng = np.random.default_rng(0)
+        src, tgt = rng.integers(4, config.src_vocab_size, (8, 7)), rng.integers(4, config.tgt_vocab_size, (8, 7))
+        return {"src_ids": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}, (src, tgt[:, :-1])
+    batch = padded_batch(config)
+    return batch, (batch["ids"],)
+
+
+def float32_reference(name: str):
+    if (name, "float32") not in MEASURED:
+        import numpy_impl
+
+        config = CONFIGS[name]
+        model = numpy_impl.build_model(config, init_params(config, seed=0), "float32")
+        batch, inputs = batch_and_inputs(config)
+        loss, grads = numpy_impl.loss_and_grads(model, batch)
+        MEASURED[name, "float32"] = (model(*inputs).logits, loss, grads)
+    return MEASURED[name, "float32"]
+
+
+def bf16_run(name: str, backend: str, policy: str):
+    if (name, backend, policy) not in MEASURED:
+        mixed = module(backend, "mixed_precision")
+        params = importlib.import_module(f"{backend}_impl.params")
+        config = CONFIGS[name]
+        model = params.build_model(config, init_params(config, seed=0), "float32")
+        batch, inputs = batch_and_inputs(config)
+        logits = mixed.mixed_precision_logits(model, *inputs, policy=policy)
+        loss, grads = mixed.mixed_precision_loss_and_grads(model, batch, policy=policy)
+        MEASURED[name, backend, policy] = (logits, loss, grads)
+    return MEASURED[name, backend, policy]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("backend, policy", RUNS, ids=[f"{b}-{p}" for b, p in RUNS])
+def test_bf16_logits_and_gradients_are_within_the_budget_of_float32(name, backend, policy):
+    want_logits, want_loss, want_grads = float32_reference(name)
+    logits, loss, grads = bf16_run(name, backend, policy)
+    assert logits.dtype == np.float32 and all(g.dtype == np.float32 for g in grads.values())  # the master dtype
+    logits_error, grads_error = relative_error(logits, want_logits), gradients_error(grads, want_grads)
+    assert FLOOR < logits_error <= BUDGET["logits"], f"logits: {logits_error:.2e}"
+    assert FLOOR < grads_error <= BUDGET["gradients"], f"gradients: {grads_error:.2e}"
+    assert abs(loss - want_loss) / want_loss <= BUDGET["logits"]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("first, second", PAIRS, ids=[f"{a[0]}-{a[1]}-vs-{b[0]}" for a, b in PAIRS])
+def test_the_backends_agree_with_each_other_within_the_bf16_budget(name, first, second):
+    logits_a, _, grads_a = bf16_run(name, *first)
+    logits_b, _, grads_b = bf16_run(name, *second)
+    assert relative_error(logits_a, logits_b) <= BUDGET["logits"]
+    assert gradients_error(grads_a, grads_b) <= BUDGET["gradients"]
+
+
+def copy_batches(config: Config) -> list[dict]:
+    """A task a 2-layer model learns in 40 steps: each row is 5 tokens, then the same 5 again."""
+    batches = []
+    for seed in range(4):
+        x = np.random.default_rng(seed).integers(4, config.tgt_vocab_size, (16, 5))
+        ids = np.concatenate([x, x], axis=1)
+        batches.append({"ids": ids[:, :-1], "targets": ids[:, 1:]})
+    return batches
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_a_bf16_training_run_follows_the_float32_loss_curve(backend):
+    train = module(backend, "train")
+    params_module = importlib.import_module(f"{backend}_impl.params")
+    import numpy_impl
+
+    config = CONFIGS["tiny-llama"]
+    params, batches = init_params(config, seed=0), copy_batches(config)
+    schedule = warmup_schedule(config.d_model, 100, 1.0)
+    want = np.array(numpy_impl.train(numpy_impl.build_model(config, params, "float32"), batches, 40, schedule))
+    model = params_module.build_model(config, params, "float32")
+    losses = np.array(train.train(model, batches, 40, schedule, compute_dtype="bfloat16"))
+    gap = float(np.max(np.abs(losses - want) / want))
+    assert FLOOR < gap <= BUDGET["loss_curve"], f"{backend}: the bf16 curve is {gap:.2e} from float32's"
+    assert losses[-1] < 0.8 * losses[0]  # and it learns
+
+
+# ---------------------------------------------------------------- NumPy's emulation, op by op against torch's
+def test_the_numpy_emulation_rounds_as_torch_does_op_by_op():
+    """Elementwise ops and reductions in bf16 compute in float32 and round once, in torch and in the
+    emulation, so they agree bit for bit; dtypes follow torch's promotion (bf16 with a float32 array
+    is float32, with a Python scalar bf16); a matmul of bf16 operands sums in float32 (not bit for
+    bit: the two sum in different orders) and returns bf16."""
+    torch = pytest.importorskip("torch")
+    from numpy_impl.mixed_precision import BF16, Bf16Compute
+
+    rng = np.random.default_rng(0)
+    a32, b32, w32 = rng.normal(size=(4, 8)), rng.normal(size=(4, 8)), rng.normal(size=(8,))
+    a, b = (x.astype(np.float32).astype(BF16).view(Bf16Compute) for x in (a32, b32))
+    w = w32.astype(np.float32).view(Bf16Compute)
+    ta, tb = (torch.tensor(np.asarray(x, np.float32)).bfloat16() for x in (a, b))
+    tw = torch.tensor(np.asarray(w))
+    cases = {
+        "a * b": (a * b, ta * tb),
+        "a / 3.0": (a / 3.0, ta / 3.0),
+        "a + w": (a + w, ta + tw),
+        "exp(a)": (np.exp(a), torch.exp(ta)),
+        "sqrt(|a|)": (np.sqrt(np.abs(a)), torch.sqrt(torch.abs(ta))),
+        "a.sum(-1)": (a.sum(axis=-1), ta.sum(-1)),
+        "a.max(-1)": (a.max(axis=-1), ta.amax(-1)),
+        "where": (np.where(a > 0, a, -np.inf), torch.where(ta > 0, ta, -torch.inf)),
+    }
+    for name, (got, want) in cases.items():
+        assert str(got.dtype) == str(want.dtype).removeprefix("torch."), name
+        assert np.array_equal(np.asarray(got, np.float32), want.float().numpy()), name
+    product = a @ np.swapaxes(b, 0, 1)
+    assert product.dtype == BF16
+    want = (ta @ tb.T).float().numpy()
+    ulp = np.abs(want) * 2.0**-7  # one bf16 ulp at most
+    assert np.all(np.abs(np.asarray(product, np.float32) - want) <= ulp)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_bad_mixed_precision_options_are_refused_alike(backend):
+    mixed = module(backend, "mixed_precision")
+    params_module = importlib.import_module(f"{backend}_impl.params")
+    config = CONFIGS["tiny-lm"]
+    batch = padded_batch(config)
+    model = params_module.build_model(config, init_params(config, seed=0), "float32")
+    with pytest.raises(ValueError, match="compute_dtype must be one of bfloat16 or None, got 'float16'"):
+        mixed.mixed_precision_loss_and_grads(model, batch, compute_dtype="float16")
+    with pytest.raises(ValueError, match=f"{backend} runs the mixed-precision policy .*, got 'amp'"):
+        mixed.mixed_precision_loss_and_grads(model, batch, policy="amp")
+    if backend != "jax":  # JAX's float64 needs 64-bit mode, switched off in this process
+        wide = params_module.build_model(config, init_params(config, seed=0), "float64")
+        with pytest.raises(TypeError, match="mixed precision needs a float32 model .*, got float64"):
+            mixed.mixed_precision_loss_and_grads(wide, batch)
+
+
+def test_ml_dtypes_bfloat16_is_the_frameworks_bfloat16():
+    """The cast float32 -> bf16 is the same rounding (to nearest, ties to even) everywhere."""
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).normal(size=10_000).astype(np.float32) * 10.0 ** np.arange(-4, 6).repeat(1000)
+    ours = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert np.array_equal(ours, torch.tensor(x).bfloat16().float().numpy())
