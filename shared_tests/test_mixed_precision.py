@@ -176,3 +176,24 @@ def test_ml_dtypes_bfloat16_is_the_frameworks_bfloat16():
     x = np.random.default_rng(0).normal(size=10_000).astype(np.float32) * 10.0 ** np.arange(-4, 6).repeat(1000)
     ours = x.astype(ml_dtypes.bfloat16).astype(np.float32)
     assert np.array_equal(ours, torch.tensor(x).bfloat16().float().numpy())
+
+
+# ---------------------------------------------------------------- the command line
+def test_the_train_command_trains_in_bf16_near_the_float32_losses(capsys):
+    from transformer_cli.main import main
+
+    assert main(["train", "--task", "next-word", "--steps", "5"]) == 0
+    single = [line for line in capsys.readouterr().out.splitlines() if line.startswith("loss: ")]
+    assert main(["train", "--task", "next-word", "--steps", "5", "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "numpy (bfloat16)" in out
+    mixed = [line for line in out.splitlines() if line.startswith("loss: ")]
+    assert len(single) == len(mixed) == 1 and mixed != single  # "loss: first 4.1234, last 3.2109"
+    want, got = (np.array([float(word.rstrip(",")) for word in line.split()[2::2]]) for line in (*single, *mixed))
+    assert np.all(np.abs(got - want) / want <= BUDGET["loss_curve"]), (single, mixed)
+
+
+def test_bf16_with_data_parallel_is_refused_in_one_line(capsys):
+    from .test_cli_errors import one_line_error
+
+    one_line_error(capsys, ["train", "--dtype", "bfloat16", "--data-parallel", "2"], "--data-parallel 2", "bfloat16")

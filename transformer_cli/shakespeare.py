@@ -59,7 +59,11 @@ def add_parser(commands) -> None:
         help=f"comma-separated backends that train, each from the same weights (default: {','.join(BACKENDS)})",
     )
     parser.add_argument(
-        "--dtype", choices=["float32", "float64"], default="float32", help="float type (default: float32)"
+        "--dtype",
+        choices=["float32", "float64", "bfloat16"],
+        default="float32",
+        help="float type (default: float32); bfloat16: mixed precision, float32 weights and Adam with bf16 compute "
+        "(torch.autocast, Flax's compute dtype, NumPy's emulation)",
     )
     parser.add_argument(
         "--warmup", type=positive_int, default=WARMUP, help=f"warm-up steps of the paper's schedule (default: {WARMUP})"
@@ -103,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
             f"{corpus.SEQ_LEN} positions the model is trained on"
         )
     config = corpus.config()
-    params = init_params(config, seed=args.seed, dtype=args.dtype)
+    compute_dtype = "bfloat16" if args.dtype == "bfloat16" else None  # mixed precision: float32 master weights
+    params = init_params(config, seed=args.seed, dtype="float32" if compute_dtype else args.dtype)
     threads = use_threads(args.threads, args.backends, sum(np.size(v) for v in params.values()))
     print(
         f"Shakespeare: {len(train_batches)} training batches of {corpus.BATCH_SIZE} x {corpus.SEQ_LEN} tokens, "
@@ -118,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         progress = ProgressBar(backend.name, args.steps)
         curves[backend.name] = backend.impl.train(
             model, train_batches, args.steps, warmup_schedule(config.d_model, args.warmup), callback=progress,
-            seed=args.seed,
+            seed=args.seed, compute_dtype=compute_dtype,
         )  # fmt: skip
         trained = time.perf_counter() - start
         progress.close()

@@ -78,7 +78,12 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--steps", type=positive_int, help="optimiser steps in all (default: 600 for copy/reverse, 300 otherwise)"
     )
-    parser.add_argument("--dtype", choices=["float32", "float64"], help="the weights' float type (default: float32)")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "float64", "bfloat16"],
+        help="the weights' float type (default: float32); bfloat16: mixed precision, float32 weights and Adam with "
+        "bf16 compute (torch.autocast, Flax's compute dtype, NumPy's emulation)",
+    )
     parser.add_argument("--warmup", type=positive_int, help="warm-up steps of the paper's schedule (default: 200)")
     parser.add_argument(
         "--label-smoothing",
@@ -142,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
     if args.data_parallel and (save or resumed):
         option = "--save" if args.save else "--resume"
         raise UsageError(f"--data-parallel {args.data_parallel} does not checkpoint yet: leave out {option}")
+    if args.data_parallel and settings["dtype"] == "bfloat16":
+        raise UsageError(
+            f"--data-parallel {args.data_parallel} does not run in bfloat16 yet: leave out --dtype bfloat16"
+        )
     if args.data_parallel and settings["backend"] == "jax":
         _simulate_cpu_devices(args.data_parallel)
     backend = get_installed_backend(settings["backend"])
@@ -162,7 +171,9 @@ def run(args: argparse.Namespace) -> int:
                 check_data_parallel(batch_size(config, batch), args.data_parallel)
             except ValueError as error:
                 raise UsageError(f"--data-parallel {args.data_parallel}: task {settings['task']}: {error}") from None
-    params = resumed.params if resumed else init_params(config, seed=settings["seed"], dtype=settings["dtype"])
+    compute_dtype = "bfloat16" if settings["dtype"] == "bfloat16" else None  # mixed precision: float32 master weights
+    weights_dtype = "float32" if compute_dtype else settings["dtype"]
+    params = resumed.params if resumed else init_params(config, seed=settings["seed"], dtype=weights_dtype)
     model = backend.impl.build_model(config, params)
     threads = use_threads(args.threads, [settings["backend"]], sum(np.size(v) for v in params.values()))
     schedule = warmup_schedule(config.d_model, settings["warmup"])
@@ -190,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         losses = backend.impl.train(
             model, batches, steps, schedule, settings["label_smoothing"], callback=progress, seed=settings["seed"],
             resume=resumed.state if resumed else None, checkpoint=checkpoint if save else None,
-            checkpoint_every=every,
+            checkpoint_every=every, compute_dtype=compute_dtype,
         )  # fmt: skip
     progress.close()
     if save:
