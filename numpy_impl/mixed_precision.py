@@ -126,7 +126,10 @@ def compute_in_bf16(model, policy: str = "autocast") -> Iterator[None]:
 
     ``"autocast"``: a Linear layer's weight and bias are rounded to bf16 (as torch.autocast casts
     them for each linear call); every other array (embeddings, norms, positional tables) stays
-    float32. ``"compute_dtype"``: every float array is rounded to bf16 (Flax's ``dtype``)."""
+    float32. ``"compute_dtype"``: every float array is rounded to bf16 (Flax's ``dtype``).
+
+    The swap is in place, as torch.autocast is a mode: another thread calling the same model inside
+    the block computes in bf16 too (give each thread its own model, as with any training run)."""
     policy = check_policy("numpy", policy)
     held = _float_arrays(model)
     check_master_dtype(str(held[0][2].dtype))

@@ -15,18 +15,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from transformer_spec import Config, init_params
+from bench import bf16_cases as cases
+from bench.bf16_cases import CONFIGS, PAIRS, RUNS, copy_batches, float32_reference
+from transformer_spec import init_params
 from transformer_spec.mixed_precision import BUDGET, FLOOR, gradients_error, relative_error
-from transformer_spec.schedules import warmup_schedule
 
 from .test_data_parallel import padded_batch
-
-CONFIGS = {name: Config.preset(name) for name in ("tiny-lm", "tiny-llama", "tiny")}
-# (backend, policy): NumPy runs both policies; torch autocast, JAX the compute dtype
-RUNS = [("numpy", "autocast"), ("numpy", "compute_dtype"), ("torch", "autocast"), ("jax", "compute_dtype")]
-PAIRS = [(("numpy", "autocast"), ("torch", "autocast")), (("numpy", "compute_dtype"), ("jax", "compute_dtype")),
-         (("torch", "autocast"), ("jax", "compute_dtype"))]  # fmt: skip
-MEASURED: dict = {}  # (config, backend, policy) -> (logits, loss, grads): computed once per process
 
 
 def module(backend: str, name: str):
@@ -36,38 +30,9 @@ def module(backend: str, name: str):
         pytest.skip(f"backend {backend!r} is not installed ({error.name})")
 
 
-def batch_and_inputs(config: Config) -> tuple[dict, tuple]:
-    if config.kind == "encoder_decoder":
-        rng = np.random.default_rng(0)
-        src, tgt = rng.integers(4, config.src_vocab_size, (8, 7)), rng.integers(4, config.tgt_vocab_size, (8, 7))
-        return {"src_ids": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}, (src, tgt[:, :-1])
-    batch = padded_batch(config)
-    return batch, (batch["ids"],)
-
-
-def float32_reference(name: str):
-    if (name, "float32") not in MEASURED:
-        import numpy_impl
-
-        config = CONFIGS[name]
-        model = numpy_impl.build_model(config, init_params(config, seed=0), "float32")
-        batch, inputs = batch_and_inputs(config)
-        loss, grads = numpy_impl.loss_and_grads(model, batch)
-        MEASURED[name, "float32"] = (model(*inputs).logits, loss, grads)
-    return MEASURED[name, "float32"]
-
-
 def bf16_run(name: str, backend: str, policy: str):
-    if (name, backend, policy) not in MEASURED:
-        mixed = module(backend, "mixed_precision")
-        params = importlib.import_module(f"{backend}_impl.params")
-        config = CONFIGS[name]
-        model = params.build_model(config, init_params(config, seed=0), "float32")
-        batch, inputs = batch_and_inputs(config)
-        logits = mixed.mixed_precision_logits(model, *inputs, policy=policy)
-        loss, grads = mixed.mixed_precision_loss_and_grads(model, batch, policy=policy)
-        MEASURED[name, backend, policy] = (logits, loss, grads)
-    return MEASURED[name, backend, policy]
+    module(backend, "mixed_precision")  # skips when the backend is missing
+    return cases.bf16_run(name, backend, policy)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -91,31 +56,11 @@ def test_the_backends_agree_with_each_other_within_the_bf16_budget(name, first, 
     assert gradients_error(grads_a, grads_b) <= BUDGET["gradients"]
 
 
-def copy_batches(config: Config) -> list[dict]:
-    """A task a 2-layer model learns in 40 steps: each row is 5 tokens, then the same 5 again."""
-    batches = []
-    for seed in range(4):
-        x = np.random.default_rng(seed).integers(4, config.tgt_vocab_size, (16, 5))
-        ids = np.concatenate([x, x], axis=1)
-        batches.append({"ids": ids[:, :-1], "targets": ids[:, 1:]})
-    return batches
-
-
 @pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
 def test_a_bf16_training_run_follows_the_float32_loss_curve(backend):
-    train = module(backend, "train")
-    params_module = importlib.import_module(f"{backend}_impl.params")
-    import numpy_impl
-
-    config = CONFIGS["tiny-llama"]
-    params, batches = init_params(config, seed=0), copy_batches(config)
-    schedule = warmup_schedule(config.d_model, 100, 1.0)
-    want = np.array(numpy_impl.train(numpy_impl.build_model(config, params, "float32"), batches, 40, schedule))
-    model = params_module.build_model(config, params, "float32")
-    losses = np.array(train.train(model, batches, 40, schedule, compute_dtype="bfloat16"))
-    gap = float(np.max(np.abs(losses - want) / want))
+    module(backend, "train")
+    gap = cases.curve_gap(backend)  # and it learns: the last loss under 0.8 x the first
     assert FLOOR < gap <= BUDGET["loss_curve"], f"{backend}: the bf16 curve is {gap:.2e} from float32's"
-    assert losses[-1] < 0.8 * losses[0]  # and it learns
 
 
 # ---------------------------------------------------------------- NumPy's emulation, op by op against torch's
@@ -197,3 +142,22 @@ def test_bf16_with_data_parallel_is_refused_in_one_line(capsys):
     from .test_cli_errors import one_line_error
 
     one_line_error(capsys, ["train", "--dtype", "bfloat16", "--data-parallel", "2"], "--data-parallel 2", "bfloat16")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_bf16_training_draws_new_dropout_masks_each_step_reproducibly(backend):
+    """JAX runs a copy of the model in bf16: its dropout streams must be written back, or every step
+    would draw the first step's masks. At learning rate 0 the losses differ by the masks alone."""
+    train = module(backend, "train")
+    params_module = importlib.import_module(f"{backend}_impl.params")
+    from transformer_spec.schedules import constant_schedule
+
+    config = CONFIGS["tiny-llama"].replace(dropout=0.3)
+    batch = copy_batches(config)[:1]
+
+    def run() -> list[float]:
+        model = params_module.build_model(config, init_params(config, seed=0), "float32")
+        return train.train(model, batch, 3, constant_schedule(0.0), seed=1, compute_dtype="bfloat16")
+
+    losses = run()
+    assert len(set(losses)) == 3 and run() == losses

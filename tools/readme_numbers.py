@@ -40,6 +40,7 @@ ORACLES = os.path.join(ROOT, "docs", "oracles.json")
 COMPARE = os.path.join(ROOT, "docs", "compare.txt")
 BENCH = [os.path.join(ROOT, "bench", "results", "latest.json"),
          os.path.join(ROOT, "bench", "results", "smollm2", "latest.json")]  # fmt: skip
+TRAINING = os.path.join(ROOT, "bench", "results", "training", "latest.json")  # python -m bench.lm_training
 
 # The tests behind docs/parity.json: every component, model, gradient, decoding and training check.
 SUITE_TESTS = ["shared_tests/test_components.py", "shared_tests/test_models.py",
@@ -161,17 +162,41 @@ def performance(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def training(results: dict[str, Any]) -> str:
+    from bench.lm_training import markdown
+
+    body = markdown(results).split("\n", 2)[2]  # without its title
+    return body.rstrip("\n") + f"\n\nGenerated from `{_source(TRAINING)}`."
+
+
+def bf16(results: dict[str, Any]) -> str:
+    from bench.lm_training import bf16_markdown
+
+    return bf16_markdown(results) + f"\n\nGenerated from `{_source(TRAINING)}` ({results['date']})."
+
+
+def policies() -> str:
+    from transformer_spec.mixed_precision import OPS
+
+    lines = ["| op | torch.autocast | Flax compute dtype (JAX) |", "| --- | --- | --- |"]
+    return "\n".join(lines + [f"| {op} | {autocast} | {compute} |" for op, autocast, compute in OPS])
+
+
 def blocks() -> dict[str, Callable[[], str | None]]:
     """name -> renderer; a renderer returns None when its source file is missing."""
     parity, oracle = load(PARITY), load(ORACLES)
     bench = [(path, r) for path in BENCH if (r := load(path)) is not None]
     compare_text = open(COMPARE, encoding="utf-8").read() if os.path.exists(COMPARE) else None
+    trained = load(TRAINING)
     return {
         "agreement": lambda: parity and agreement(parity),
         "gradients": lambda: parity and gradients(parity),
         "oracles": lambda: oracle and oracles(oracle),
         "compare": lambda: compare_text and compare(compare_text),
         "performance": lambda: bench and performance(bench),
+        "policies": policies,
+        "training": lambda: trained and training(trained),
+        "precision": lambda: trained and "bf16" in trained and bf16(trained),
     }
 
 

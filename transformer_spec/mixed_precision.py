@@ -59,17 +59,19 @@ POLICIES = {
 
 BACKEND_POLICY = {"numpy": ("autocast", "compute_dtype"), "torch": ("autocast",), "jax": ("compute_dtype",)}
 
-# Where each op runs, per policy: what the docs and the README show (measured by
-# shared_tests/test_mixed_precision.py's dtype trace, not just claimed).
+# Where each op runs, per policy (op, autocast, compute_dtype): the docs' and the README's table.
 OPS = (
     ("embedding lookup", "float32", "bf16"),
-    ("linear layers (q, k, v, o, feed-forward, output projection)", "bf16", "bf16"),
-    ("attention scores q k^T and weights @ v", "bf16", "bf16"),
-    ("softmax over the keys", "bf16 (CUDA: float32)", "bf16"),
-    ("LayerNorm / RMSNorm", "float32 (CUDA: float32)", "bf16 (means accumulate in float32)"),
-    ("residual stream", "float32", "bf16"),
-    ("loss (log-softmax, NLL)", "float32", "float32"),
-    ("gradients reaching Adam, Adam's moments", "float32", "float32"),
+    ("linear layers (q, k, v, o, feed-forward, output projection)", "bf16, float32 accumulation", "bf16"),
+    ("attention scores q k^T, weights @ v", "bf16", "bf16"),
+    ("softmax over the keys", "bf16 on CPU, float32 on CUDA", "bf16"),
+    (
+        "LayerNorm / RMSNorm",
+        "float32: the residual stream reaches them in float32",
+        "bf16, means accumulated in float32",
+    ),
+    ("residual stream", "float32 (a bf16 sub-layer output meets the float32 stream)", "bf16"),
+    ("loss, gradients reaching Adam, Adam", "float32", "float32"),
 )
 
 # The error budgets, norm-wise: ||got - want|| / ||want|| over the logits, over the whole gradient
