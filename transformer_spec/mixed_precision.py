@@ -81,12 +81,12 @@ OPS = (
 # (3 significant digits each): the largest element's error alone says little.
 #
 # The target was 1e-2 on logits and gradients. Measured on the suite's 2-layer models at their
-# seeded init (shared_tests/test_mixed_precision.py, bench.training's "bf16" block): the logits
-# meet it under autocast (5e-3 .. 9e-3) and reach 1.3e-2 under the compute dtype (a bf16 residual
-# stream); the gradients do not (7e-3 .. 4.9e-2; torch's own autocast reads 4.1e-2 on the
-# encoder-decoder). So the budgets below are what bf16 costs here, with room, and a floor:
-# an error under FLOOR means the pass did not run in bf16 at all.
-BUDGET = {"logits": 2e-2, "gradients": 6e-2, "loss_curve": 1e-1}
+# seeded init (``python -m bench.lm_training``, its bf16 table): the logits stay near it (5e-3 ..
+# 1.0e-2 under autocast, up to 1.3e-2 under the compute dtype, whose residual stream is bf16); the
+# gradients do not (7e-3 .. 5.0e-2; torch's own autocast reads 3.1e-2 on the encoder-decoder). So
+# the budgets below are what bf16 costs here, with room, and a floor: an error under FLOOR means
+# the pass did not run in bf16 at all.
+BUDGET = {"logits": 2e-2, "gradients": 6e-2, "loss_curve": 5e-2}
 TARGET = 1e-2
 FLOOR = 1e-4
 
