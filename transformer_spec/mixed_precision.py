@@ -9,9 +9,8 @@ each framework's own policy, and the policies differ:
   accumulation and returns bf16. Every other op runs in the dtype its inputs promote to: bf16
   where only bf16 tensors meet, float32 wherever a float32 weight or the float32 residual stream
   enters. The embeddings are looked up in float32; the residual stream stays float32, since each
-  sub-layer's bf16 output is added to it. On CUDA autocast also forces softmax, log_softmax and
-  layer_norm to float32; on CPU it does not (our softmax and norms are written out, so they run
-  in whatever dtype reaches them on either device).
+  sub-layer's bf16 output is added to it. On CUDA autocast also runs exp, sum, softmax and
+  layer_norm in float32 (so our written-out softmax is float32 there); on CPU it does not.
 - ``"compute_dtype"`` (Flax's ``dtype=bfloat16, param_dtype=float32``): every parameter and
   buffer is cast to bf16 where it is used, and the whole forward pass runs in bf16, the residual
   stream included; the gradient flows back through the casts to the float32 weights. XLA fuses
@@ -64,7 +63,11 @@ OPS = (
     ("embedding lookup", "float32", "bf16"),
     ("linear layers (q, k, v, o, feed-forward, output projection)", "bf16, float32 accumulation", "bf16"),
     ("attention scores q k^T, weights @ v", "bf16", "bf16"),
-    ("softmax over the keys", "bf16 on CPU, float32 on CUDA", "bf16"),
+    (
+        "softmax over the keys (written out: max, exp, sum, divide)",
+        "bf16 on CPU; on CUDA autocast runs exp and sum in float32",
+        "bf16",
+    ),
     (
         "LayerNorm / RMSNorm",
         "float32: the residual stream reaches them in float32",
