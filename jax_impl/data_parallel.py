@@ -19,6 +19,7 @@ threefry), so the masks do not depend on N; the stream is seeded ``seed`` (``ran
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,23 +30,33 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformer_spec.data_parallel import batch_size, check_data_parallel
+from transformer_spec.mixed_precision import check_compute_dtype
 from transformer_spec.train import train_loop
 
 from .layers import seed_dropout
+from .mixed_precision import mixed_precision_loss_and_grads
 from .optim import Adam
 from .train import train_step
 from .training import loss_and_grads
 
 
 def data_parallel_loss_and_grads(
-    model, batch: Mapping[str, Any], data_parallel: int, label_smoothing: float = 0.0
+    model,
+    batch: Mapping[str, Any],
+    data_parallel: int,
+    label_smoothing: float = 0.0,
+    compute_dtype: str | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the loss of the global ``batch``, {canonical parameter name: gradient}), computed on a
-    mesh of ``data_parallel`` devices: the batch sharded over them, the parameters replicated."""
+    mesh of ``data_parallel`` devices: the batch sharded over them, the parameters replicated.
+    ``compute_dtype="bfloat16"``: the passes in bf16 (mixed_precision.py)."""
     check_data_parallel(batch_size(model.config, batch), data_parallel)
+    check_compute_dtype(compute_dtype)
     mesh = data_parallel_mesh(data_parallel)
     replicate(model, mesh)
     try:
+        if compute_dtype is not None:
+            return mixed_precision_loss_and_grads(model, shard_batch(batch, mesh), label_smoothing, compute_dtype)
         return loss_and_grads(model, shard_batch(batch, mesh), label_smoothing)
     finally:
         gather(model)
@@ -60,9 +71,12 @@ def data_parallel_train(
     callback: Callable[[int, float], None] | None = None,
     seed: int = 0,
     data_parallel: int = 1,
+    compute_dtype: str | None = None,
 ) -> list[float]:
     """``train`` over ``data_parallel`` devices: each step is train.py's ``train_step`` on the
-    sharded global batch; the loop is ``transformer_spec.train``'s."""
+    sharded global batch; the loop is ``transformer_spec.train``'s. ``compute_dtype``: as
+    ``train``'s (mixed precision)."""
+    check_compute_dtype(compute_dtype)
     for batch in batches:
         check_data_parallel(batch_size(model.config, batch), data_parallel)
     optimizer = Adam(model, schedule)
@@ -71,7 +85,8 @@ def data_parallel_train(
     replicate(optimizer.optimizer, mesh)  # Adam's moments and counts, like the weights
     sharded = [shard_batch(batch, mesh) for batch in batches]  # placed once, read every pass
     try:
-        return train_loop(model, optimizer, train_step, seed_dropout, sharded, steps, label_smoothing, callback, seed)
+        step = train_step if compute_dtype is None else functools.partial(train_step, compute_dtype=compute_dtype)
+        return train_loop(model, optimizer, step, seed_dropout, sharded, steps, label_smoothing, callback, seed)
     finally:
         gather(model)
 

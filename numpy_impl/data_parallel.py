@@ -16,21 +16,28 @@ from typing import Any
 import numpy as np
 
 from transformer_spec.data_parallel import batch_size, check_data_parallel, rank_seed, shard, shard_weights
+from transformer_spec.mixed_precision import check_compute_dtype
 from transformer_spec.train import train_loop
 
 from .layers import seed_dropout
+from .mixed_precision import mixed_precision_loss_and_grads
 from .optim import Adam
 from .train import dropout_streams, set_dropout_streams
 from .training import loss_and_grads
 
 
 def data_parallel_loss_and_grads(
-    model, batch: Mapping[str, np.ndarray], data_parallel: int, label_smoothing: float = 0.0
+    model,
+    batch: Mapping[str, np.ndarray],
+    data_parallel: int,
+    label_smoothing: float = 0.0,
+    compute_dtype: str | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the loss of the global ``batch``, {canonical parameter name: gradient}), computed as
     ``data_parallel`` replicas would: shard by shard, the gradients added up, each shard's
-    weighted by its share of the global count of non-pad targets."""
-    return _replica_sum(model, batch, data_parallel, label_smoothing, streams=None)
+    weighted by its share of the global count of non-pad targets. ``compute_dtype="bfloat16"``:
+    each shard's passes in bf16 (mixed_precision.py)."""
+    return _replica_sum(model, batch, data_parallel, label_smoothing, None, compute_dtype)
 
 
 def data_parallel_train(
@@ -42,9 +49,12 @@ def data_parallel_train(
     callback: Callable[[int, float], None] | None = None,
     seed: int = 0,
     data_parallel: int = 1,
+    compute_dtype: str | None = None,
 ) -> list[float]:
     """``train`` over ``data_parallel`` replicas: each step's gradients are those of the global
-    batch, summed over its shards; the loop is ``transformer_spec.train``'s."""
+    batch, summed over its shards; the loop is ``transformer_spec.train``'s. ``compute_dtype``:
+    as ``train``'s (mixed precision)."""
+    check_compute_dtype(compute_dtype)
     for batch in batches:
         check_data_parallel(batch_size(model.config, batch), data_parallel)
     optimizer = Adam(model, schedule)
@@ -56,7 +66,7 @@ def data_parallel_train(
             streams.append(dropout_streams(model))
 
     def data_parallel_train_step(model, optimizer: Adam, batch: Mapping[str, np.ndarray], label_smoothing: float):
-        loss, grads = _replica_sum(model, batch, data_parallel, label_smoothing, streams)
+        loss, grads = _replica_sum(model, batch, data_parallel, label_smoothing, streams, compute_dtype)
         optimizer.step(grads)
         return loss
 
@@ -66,7 +76,12 @@ def data_parallel_train(
 
 
 def _replica_sum(
-    model, batch: Mapping[str, np.ndarray], data_parallel: int, label_smoothing: float, streams: list[Any] | None
+    model,
+    batch: Mapping[str, np.ndarray],
+    data_parallel: int,
+    label_smoothing: float,
+    streams: list[Any] | None,
+    compute_dtype: str | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
     """What the replicas' all-reduce adds up, one shard after another: sum_r weight_r * (loss_r, grads_r),
     weight_r = count_r / count. Not the mean of the shards' means, which weighs a shard full of
@@ -77,7 +92,10 @@ def _replica_sum(
         if streams is not None:  # replica r's dropout masks come from its own streams
             set_dropout_streams(model, streams[rank])
         rows = shard(model.config, batch, rank, data_parallel)  # replica r's rows
-        shard_loss, shard_grads = loss_and_grads(model, rows, label_smoothing)
+        if compute_dtype is None:
+            shard_loss, shard_grads = loss_and_grads(model, rows, label_smoothing)
+        else:  # bf16 passes, float32 gradients
+            shard_loss, shard_grads = mixed_precision_loss_and_grads(model, rows, label_smoothing, compute_dtype)
         if streams is not None:
             streams[rank] = dropout_streams(model)
         loss += weight * shard_loss

@@ -25,6 +25,8 @@ import pytest
 
 from transformer_spec import Config, init_params
 from transformer_spec.data_parallel import check_data_parallel, rank_seed, shard, shard_weights
+from transformer_spec.mixed_precision import BUDGET as BF16_BUDGET
+from transformer_spec.mixed_precision import gradients_error
 from transformer_spec.schedules import warmup_schedule
 from transformer_spec.tolerances import TOLERANCE
 
@@ -202,6 +204,10 @@ def child(backend: str, out: str, rank: int = 0, init_file: str = "") -> None:
         loss, grads = impl.data_parallel_loss_and_grads(model, batch, REPLICAS[backend])
         results[f"{dtype}/loss"] = loss
         results |= {f"{dtype}/grad/{name}": grad for name, grad in grads.items()}
+    model = impl.build_model(LM, init_params(LM, seed=0, dtype="float32"))
+    loss, grads = impl.data_parallel_loss_and_grads(model, batch, REPLICAS[backend], compute_dtype="bfloat16")
+    results["bfloat16/loss"] = loss
+    results |= {f"bfloat16/grad/{name}": grad for name, grad in grads.items()}
     model = impl.build_model(LM, init_params(LM, seed=0, dtype="float64"))
     results["curve"] = impl.data_parallel_train(model, [batch], STEPS, schedule(LM), data_parallel=REPLICAS[backend])
     if backend == "jax":
@@ -308,9 +314,17 @@ def test_data_parallel_step_equals_the_single_device_step(children, backend):
     for dtype in ("float64", "float32"):
         model = impl.build_model(LM, init_params(LM, seed=0, dtype=dtype))
         want[dtype] = impl.loss_and_grads(model, padded_batch(LM))
+    model = impl.build_model(LM, init_params(LM, seed=0, dtype="float32"))
+    mixed = importlib.import_module(f"{backend}_impl.mixed_precision").mixed_precision_loss_and_grads
+    want_bf16_loss, want_bf16 = mixed(model, padded_batch(LM))
     model = numpy_impl.build_model(LM, init_params(LM, seed=0, dtype="float64"))
     curve = np.array(numpy_impl.train(model, [padded_batch(LM)], STEPS, schedule(LM)))
     results = children.results(backend)
+    # bf16 (mixed precision): the same loss; the gradients up to bf16's rounding of each replica's own
+    # (test_mixed_precision.py's numpy test says why), within the bf16 budget
+    assert abs(float(results["bfloat16/loss"]) - want_bf16_loss) / want_bf16_loss <= 1e-5
+    error = gradients_error({name: results[f"bfloat16/grad/{name}"] for name in want_bf16}, want_bf16)
+    assert 1e-4 < error <= BF16_BUDGET["gradients"], f"{backend} bf16: gradients differ by {error:.2e}"
     for dtype, (want_loss, want_grads) in want.items():
         grads = {name: results[f"{dtype}/grad/{name}"] for name in want_grads}
         assert abs(float(results[f"{dtype}/loss"]) - want_loss) / want_loss <= TOLERANCE[dtype]

@@ -138,10 +138,35 @@ def test_the_train_command_trains_in_bf16_near_the_float32_losses(capsys):
     assert np.all(np.abs(got - want) / want <= BUDGET["loss_curve"]), (single, mixed)
 
 
-def test_bf16_with_data_parallel_is_refused_in_one_line(capsys):
-    from .test_cli_errors import one_line_error
+def test_the_train_command_trains_data_parallel_in_bf16(capsys):
+    from transformer_cli.main import main
 
-    one_line_error(capsys, ["train", "--dtype", "bfloat16", "--data-parallel", "2"], "--data-parallel 2", "bfloat16")
+    argv = ["train", "--task", "next-word", "--steps", "5", "--dtype", "bfloat16"]
+    assert main(argv) == 0
+    single = [line for line in capsys.readouterr().out.splitlines() if line.startswith("loss: ")]
+    assert main([*argv, "--data-parallel", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "numpy (bfloat16)" in out and "data parallel over 2 replicas" in out
+    parallel = [line for line in out.splitlines() if line.startswith("loss: ")]
+    want, got = (np.array([float(word.rstrip(",")) for word in line.split()[2::2]]) for line in (*single, *parallel))
+    assert np.all(np.abs(got - want) / want <= BUDGET["loss_curve"]), (single, parallel)
+
+
+@pytest.mark.parametrize("shards", [2, 4])
+def test_numpy_data_parallel_in_bf16_is_the_bf16_step_up_to_each_shards_rounding(shards):
+    """The loss is the same (float32 sums of the same bf16 logits); the gradients differ by bf16's
+    rounding of each shard's own gradient (a weight's gradient is a bf16 matmul over the shard's
+    rows, rounded once per shard, then summed in float32), as DDP's replicas' do under autocast."""
+    import numpy_impl
+    from numpy_impl.mixed_precision import mixed_precision_loss_and_grads
+
+    config = CONFIGS["tiny-lm"]
+    model = numpy_impl.build_model(config, init_params(config, seed=0), "float32")
+    batch = padded_batch(config)
+    want_loss, want = mixed_precision_loss_and_grads(model, batch)
+    loss, grads = numpy_impl.data_parallel_loss_and_grads(model, batch, shards, compute_dtype="bfloat16")
+    assert abs(loss - want_loss) / want_loss <= 1e-6
+    assert FLOOR < gradients_error(grads, want) <= BUDGET["gradients"]
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])

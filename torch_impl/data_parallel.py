@@ -18,6 +18,7 @@ Dropout: each process seeds torch's global generator with ``rank_seed(seed, rank
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import os
@@ -43,10 +44,12 @@ from transformer_spec.data_parallel import (
     shard,
     table_schedule,
 )
+from transformer_spec.mixed_precision import check_compute_dtype
 from transformer_spec.train import train_loop
 
 from .layers import seed_dropout
 from .loss import cross_entropy
+from .mixed_precision import compute_in_bf16
 from .optim import Adam
 from .params import _to_torch_layout, build_model, to_params
 
@@ -54,12 +57,18 @@ START_TIMEOUT = datetime.timedelta(seconds=120)  # a replica that never arrives 
 
 
 def data_parallel_loss_and_grads(
-    model, batch: Mapping[str, Any], data_parallel: int, label_smoothing: float = 0.0
+    model,
+    batch: Mapping[str, Any],
+    data_parallel: int,
+    label_smoothing: float = 0.0,
+    compute_dtype: str | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the loss of the global ``batch``, {canonical parameter name: gradient}), computed by
-    ``data_parallel`` DDP processes, each on its rows (see ``data_parallel_train`` for which)."""
+    ``data_parallel`` DDP processes, each on its rows (see ``data_parallel_train`` for which).
+    ``compute_dtype="bfloat16"``: each replica's forward under torch.autocast (mixed_precision.py)."""
     check_data_parallel(batch_size(model.config, batch), data_parallel)
-    return _run(_loss_and_grads_replica, model, data_parallel, batch, label_smoothing)
+    check_compute_dtype(compute_dtype)
+    return _run(_loss_and_grads_replica, model, data_parallel, batch, label_smoothing, compute_dtype)
 
 
 def data_parallel_train(
@@ -71,15 +80,20 @@ def data_parallel_train(
     callback: Callable[[int, float], None] | None = None,
     seed: int = 0,
     data_parallel: int = 1,
+    compute_dtype: str | None = None,
 ) -> list[float]:
     """``train`` over ``data_parallel`` DDP processes: this process's replica when it is one already
     (torchrun started it, or a process group exists), else ``data_parallel`` processes spawned here.
     ``model`` ends with the trained weights either way. Spawned, the callback runs in rank 0's
-    process (so it must pickle) and the schedule travels as its table of rates."""
+    process (so it must pickle) and the schedule travels as its table of rates. ``compute_dtype``:
+    as ``train``'s (mixed precision)."""
+    check_compute_dtype(compute_dtype)
     for batch in batches:
         check_data_parallel(batch_size(model.config, batch), data_parallel)
     rates = rate_table(schedule, steps)
-    losses, params = _run(_train_replica, model, data_parallel, batches, steps, rates, label_smoothing, callback, seed)
+    losses, params = _run(
+        _train_replica, model, data_parallel, batches, steps, rates, label_smoothing, callback, seed, compute_dtype
+    )
     with torch.no_grad():  # rank 0's trained weights into this process's model (spawned: it has not seen them)
         for name, value in params.items():
             parent, leaf = parent_of(model, name)
@@ -112,6 +126,7 @@ def data_parallel_train_step(
     label_smoothing: float = 0.0,
     rank: int = 0,
     data_parallel: int = 1,
+    compute_dtype: str | None = None,
 ) -> float:
     """One update of replica ``rank`` on its rows of the global ``batch``; returns the global loss."""
     config, device = model.module.config, next(model.parameters()).device
@@ -121,7 +136,10 @@ def data_parallel_train_step(
     total = count.clone()
     dist.all_reduce(total)  # (): every replica's, the loss's denominator
     with torch.enable_grad():
-        logits = model(*(torch.as_tensor(x, device=device) for x in inputs)).logits  # (B / N, T, V)
+        with compute_in_bf16(model.module) if compute_dtype is not None else contextlib.nullcontext():
+            logits = model(*(torch.as_tensor(x, device=device) for x in inputs)).logits  # (B / N, T, V)
+        if compute_dtype is not None:
+            logits = logits.float()  # the loss in float32
         share = cross_entropy(logits, targets, config.pad_id, label_smoothing) * count / total.clamp(min=1)  # ()
         (share * data_parallel).backward()  # DDP averages the replicas' gradients: * N makes that their sum
     optimizer.step()
@@ -131,18 +149,20 @@ def data_parallel_train_step(
 
 
 def _train_replica(
-    model, rank, data_parallel, batches, steps, rates, label_smoothing, callback, seed
+    model, rank, data_parallel, batches, steps, rates, label_smoothing, callback, seed, compute_dtype=None
 ) -> tuple[list[float], dict[str, np.ndarray]]:
     replica = DistributedDataParallel(model)  # broadcasts rank 0's weights: every replica starts equal
     optimizer = Adam(model, functools.partial(table_schedule, rates))
-    step = functools.partial(data_parallel_train_step, rank=rank, data_parallel=data_parallel)
+    step = functools.partial(
+        data_parallel_train_step, rank=rank, data_parallel=data_parallel, compute_dtype=compute_dtype
+    )
     seed_replica = lambda model, seed: seed_dropout(model, rank_seed(seed, rank))  # noqa: E731
     losses = train_loop(replica, optimizer, step, seed_replica, batches, steps, label_smoothing,
                         callback if rank == 0 else None, seed)  # fmt: skip
     return losses, to_params(model)  # NumPy arrays, on the host
 
 
-def _loss_and_grads_replica(model, rank, data_parallel, batch, label_smoothing):
+def _loss_and_grads_replica(model, rank, data_parallel, batch, label_smoothing, compute_dtype=None):
     """One DDP backward on this replica's rows; the all-reduced gradients, read from ``.grad``."""
     replica = DistributedDataParallel(model)
     config, device = model.config, next(model.parameters()).device
@@ -151,7 +171,10 @@ def _loss_and_grads_replica(model, rank, data_parallel, batch, label_smoothing):
     count = (targets != config.pad_id).sum()
     total = count.clone()
     dist.all_reduce(total)
-    logits = replica(*(torch.as_tensor(x, device=device) for x in inputs)).logits
+    with compute_in_bf16(model) if compute_dtype is not None else contextlib.nullcontext():
+        logits = replica(*(torch.as_tensor(x, device=device) for x in inputs)).logits
+    if compute_dtype is not None:
+        logits = logits.float()  # the loss in float32
     share = cross_entropy(logits, targets, config.pad_id, label_smoothing) * count / total.clamp(min=1)
     (share * data_parallel).backward()
     loss = share.detach().clone()

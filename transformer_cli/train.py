@@ -147,10 +147,6 @@ def run(args: argparse.Namespace) -> int:
     if args.data_parallel and (save or resumed):
         option = "--save" if args.save else "--resume"
         raise UsageError(f"--data-parallel {args.data_parallel} does not checkpoint yet: leave out {option}")
-    if args.data_parallel and settings["dtype"] == "bfloat16":
-        raise UsageError(
-            f"--data-parallel {args.data_parallel} does not run in bfloat16 yet: leave out --dtype bfloat16"
-        )
     if args.data_parallel and settings["backend"] == "jax":
         _simulate_cpu_devices(args.data_parallel)
     backend = get_installed_backend(settings["backend"])
@@ -193,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             losses = backend.impl.data_parallel_train(
                 model, batches, steps, schedule, settings["label_smoothing"], callback=progress,
-                seed=settings["seed"], data_parallel=args.data_parallel,
+                seed=settings["seed"], data_parallel=args.data_parallel, compute_dtype=compute_dtype,
             )  # fmt: skip
         except ValueError as error:  # JAX: fewer devices than replicas
             raise UsageError(f"--data-parallel {args.data_parallel}: {error}") from None
