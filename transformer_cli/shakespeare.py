@@ -113,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"Shakespeare: {len(train_batches)} training batches of {corpus.BATCH_SIZE} x {corpus.SEQ_LEN} tokens, "
         f"{len(held_out)} held-out windows; {config.num_decoder_layers} layers, d_model {config.d_model}, "
-        f"{sum(np.size(v) for v in params.values())} numbers ({args.dtype}); {args.steps} steps"
+        f"{sum(np.size(v) for v in params.values())} numbers "
+        + ("(float32, computing in bf16)" if compute_dtype else f"({args.dtype})")
+        + f"; {args.steps} steps"
         + (f"; {threads} torch thread{'s' * (threads > 1)}" if threads else "")
     )
     curves, results = {}, {}
