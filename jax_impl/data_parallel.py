@@ -34,7 +34,6 @@ from transformer_spec.mixed_precision import check_compute_dtype
 from transformer_spec.train import train_loop
 
 from .layers import seed_dropout
-from .mixed_precision import mixed_precision_loss_and_grads
 from .optim import Adam
 from .train import train_step
 from .training import loss_and_grads
@@ -55,9 +54,7 @@ def data_parallel_loss_and_grads(
     mesh = data_parallel_mesh(data_parallel)
     replicate(model, mesh)
     try:
-        if compute_dtype is not None:
-            return mixed_precision_loss_and_grads(model, shard_batch(batch, mesh), label_smoothing, compute_dtype)
-        return loss_and_grads(model, shard_batch(batch, mesh), label_smoothing)
+        return loss_and_grads(model, shard_batch(batch, mesh), label_smoothing, compute_dtype)
     finally:
         gather(model)
 

@@ -17,19 +17,23 @@ from flax import nnx
 from transformer_spec.batches import split_batch
 
 from .loss import cross_entropy
+from .mixed_precision import mixed_precision_loss_and_grads
 from .model import compiled
 from .params import to_params
 
 
 def loss_and_grads(
-    model: nnx.Module, batch: Mapping[str, Any], label_smoothing: float = 0.0
+    model: nnx.Module, batch: Mapping[str, Any], label_smoothing: float = 0.0, compute_dtype: str | None = None
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the cross-entropy of ``batch``, {canonical parameter name: gradient as a NumPy array}).
 
     ``batch``: see ``transformer_spec.batches`` ({"src_ids", "tgt_in", "tgt_out"} for the
     encoder-decoder, {"ids", "targets"} for the decoder-only LM), NumPy or JAX arrays.
     The gradients have the canonical names and [in, out] layout of ``param_schema``.
+    ``compute_dtype="bfloat16"``: the passes in bf16, float32 gradients (mixed_precision.py).
     """
+    if compute_dtype is not None:  # differs: mixed-precision
+        return mixed_precision_loss_and_grads(model, batch, label_smoothing, compute_dtype)
     inputs, targets = split_batch(model.config, batch)
     inputs, targets = tuple(jnp.asarray(x) for x in inputs), jnp.asarray(targets)
 

@@ -20,7 +20,6 @@ from transformer_spec.mixed_precision import check_compute_dtype
 from transformer_spec.train import train_loop
 
 from .layers import seed_dropout
-from .mixed_precision import mixed_precision_loss_and_grads
 from .optim import Adam
 from .train import dropout_streams, set_dropout_streams
 from .training import loss_and_grads
@@ -92,10 +91,7 @@ def _replica_sum(
         if streams is not None:  # replica r's dropout masks come from its own streams
             set_dropout_streams(model, streams[rank])
         rows = shard(model.config, batch, rank, data_parallel)  # replica r's rows
-        if compute_dtype is None:
-            shard_loss, shard_grads = loss_and_grads(model, rows, label_smoothing)
-        else:  # bf16 passes, float32 gradients
-            shard_loss, shard_grads = mixed_precision_loss_and_grads(model, rows, label_smoothing, compute_dtype)
+        shard_loss, shard_grads = loss_and_grads(model, rows, label_smoothing, compute_dtype)
         if streams is not None:
             streams[rank] = dropout_streams(model)
         loss += weight * shard_loss

@@ -36,7 +36,7 @@ from .loss import cross_entropy, cross_entropy_backward
 from .module import enable_grad, named_submodules
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-_FLOATS = (BF16, np.dtype(np.float32), np.dtype(np.float64))  # narrowest first
+_FLOATS = (BF16, np.dtype(np.float32), np.dtype(np.float64))  # narrowest first; the float dtypes this emulates
 
 
 def _plain(x: Any) -> Any:
@@ -53,7 +53,7 @@ def _result_dtype(operands: tuple) -> np.dtype | None:
 def _in_float32(x: Any) -> Any:
     """bf16 arrays computed in float32; 0-d arrays and NumPy scalars as Python numbers (weak: they do not promote)."""
     x = _plain(x)
-    if isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind == "f":
+    if isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype in _FLOATS:
         return float(x)
     if isinstance(x, np.floating):
         return float(x)
@@ -65,10 +65,8 @@ def _in_float32(x: Any) -> Any:
 def _wrap(result: Any, dtype: np.dtype | None) -> Any:
     if isinstance(result, tuple):
         return tuple(_wrap(r, dtype) for r in result)
-    if isinstance(result, np.ndarray) and result.dtype.kind == "f" and dtype is not None:
-        return result.astype(dtype, copy=False).view(Bf16Compute)
-    if isinstance(result, np.ndarray):
-        return result.view(Bf16Compute) if result.dtype.kind == "f" else result
+    if isinstance(result, np.ndarray) and result.dtype in _FLOATS:  # (bf16's dtype kind is "V", not "f")
+        return result.astype(dtype or result.dtype, copy=False).view(Bf16Compute)
     return result
 
 

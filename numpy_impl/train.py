@@ -17,7 +17,6 @@ from transformer_spec.mixed_precision import check_compute_dtype
 from transformer_spec.train import TrainingState, train_loop
 
 from .layers import Dropout, seed_dropout
-from .mixed_precision import mixed_precision_loss_and_grads
 from .module import named_submodules
 from .optim import Adam
 from .training import loss_and_grads
@@ -32,10 +31,7 @@ def train_step(
 ) -> float:
     """One update on ``batch`` (see transformer_spec.batches); returns the loss before it.
     ``compute_dtype="bfloat16"``: the passes in bf16, the weights and Adam in float32 (mixed_precision.py)."""
-    if compute_dtype is None:
-        loss, grads = loss_and_grads(model, batch, label_smoothing)
-    else:  # differs: mixed-precision
-        loss, grads = mixed_precision_loss_and_grads(model, batch, label_smoothing, compute_dtype)
+    loss, grads = loss_and_grads(model, batch, label_smoothing, compute_dtype)
     optimizer.step(grads)
     return loss
 

@@ -17,18 +17,22 @@ from transformer_spec import param_schema
 from transformer_spec.batches import split_batch
 
 from .loss import cross_entropy, cross_entropy_backward
+from .mixed_precision import mixed_precision_loss_and_grads
 from .module import enable_grad
 
 
 def loss_and_grads(
-    model: Any, batch: Mapping[str, np.ndarray], label_smoothing: float = 0.0
+    model: Any, batch: Mapping[str, np.ndarray], label_smoothing: float = 0.0, compute_dtype: str | None = None
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the cross-entropy of ``batch``, {canonical parameter name: gradient}).
 
     ``batch``: see ``transformer_spec.batches`` ({"src_ids", "tgt_in", "tgt_out"} for the
     encoder-decoder, {"ids", "targets"} for the decoder-only LM). The gradients have the
     canonical names and [in, out] layout of ``param_schema``, in its order.
+    ``compute_dtype="bfloat16"``: the passes in bf16, float32 gradients (mixed_precision.py).
     """
+    if compute_dtype is not None:  # differs: mixed-precision
+        return mixed_precision_loss_and_grads(model, batch, label_smoothing, compute_dtype)
     inputs, targets = split_batch(model.config, batch)
     with enable_grad():  # every module keeps what its backward needs
         output = model(*(np.asarray(x) for x in inputs))

@@ -87,6 +87,10 @@ def test_the_numpy_emulation_rounds_as_torch_does_op_by_op():
         "a.sum(-1)": (a.sum(axis=-1), ta.sum(-1)),
         "a.max(-1)": (a.max(axis=-1), ta.amax(-1)),
         "where": (np.where(a > 0, a, -np.inf), torch.where(ta > 0, ta, -torch.inf)),
+        # NumPy functions (not ufuncs) keep the emulation: their results compute by the same rules
+        "swapaxes(a) / 3.0": (np.swapaxes(a, 0, 1) / 3.0, ta.T / 3.0),
+        "concatenate * 2.0": (np.concatenate([a, b]) * 2.0, torch.cat([ta, tb]) * 2.0),
+        "zeros_like(a) - a / 7.0": (np.zeros_like(a) - a / 7.0, torch.zeros_like(ta) - ta / 7.0),
     }
     for name, (got, want) in cases.items():
         assert str(got.dtype) == str(want.dtype).removeprefix("torch."), name

@@ -19,12 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from transformer_spec import param_schema, parent_of
-from transformer_spec.batches import split_batch
 from transformer_spec.mixed_precision import check_compute_dtype, check_master_dtype, check_policy
-
-from .loss import cross_entropy
-from .params import _to_torch_layout
 
 
 @contextmanager
@@ -56,17 +51,7 @@ def mixed_precision_loss_and_grads(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """``training.loss_and_grads`` with the forward under autocast: the loss (float32, from the
     float32 logits) and the float32 gradients of the float32 master weights."""
-    check_compute_dtype(compute_dtype)
-    inputs, targets = split_batch(model.config, batch)
-    names = list(param_schema(model.config))
-    leaves = [parent_of(model, name) for name in names]  # (module, attribute) per canonical name
-    parameters = [getattr(parent, leaf) for parent, leaf in leaves]
-    with torch.enable_grad():
-        with compute_in_bf16(model, check_policy("torch", policy)):
-            logits = model(*(torch.as_tensor(x) for x in inputs)).logits  # (B, T, V), bf16
-        loss = cross_entropy(logits.float(), torch.as_tensor(targets), model.config.pad_id, label_smoothing)  # ()
-        grads = torch.autograd.grad(loss, parameters)  # float32, like the weights
-    return float(loss.detach()), {
-        name: np.array(_to_torch_layout(parent, leaf, grad.detach().float().cpu().numpy()))
-        for name, (parent, leaf), grad in zip(names, leaves, grads, strict=True)
-    }
+    check_policy("torch", policy)
+    from .training import loss_and_grads  # (training.py imports this module)
+
+    return loss_and_grads(model, batch, label_smoothing, compute_dtype)
