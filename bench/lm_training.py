@@ -215,11 +215,18 @@ def measure(quick: bool) -> dict[str, Any]:
     }
 
 
+def _percent(share: float | None) -> str:
+    return "?" if share is None else f"{100 * share:.0f}%"
+
+
 def markdown(results: dict[str, Any]) -> str:
     out = [
         "# Training the Shakespeare language model: speed and memory",
         "",
-        f"{results['date']}, {results['cpu']} ({results['cpus']} CPUs), {results['versions']}.",
+        f"{results['date']}, {results['cpu']} ({results['cpus']} CPUs), {results['versions']}; other processes "
+        f"used {_percent(results.get('others_cpu_share'))} of the CPUs meanwhile, the hypervisor stole "
+        f"{_percent(results.get('stolen_cpu_share'))}. Each configuration runs in its own "
+        "process, one after another (not interleaved): on this machine the ratios move by up to 0.2 from run to run.",
         f"Model: {results['model']}; batch {results['batch']}; {results['flops_per_token'] / 1e6:.2f} MFLOP of "
         "matmuls per trained token (3 x forward).",
         "",
@@ -288,9 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             child_memory(rest[0], rest[1])
         return 0
-    from .run import _cpu, _versions
+    from .run import _cpu, _cpu_snapshot, _others_share, _versions
 
-    results = measure(args.quick) | {
+    before = _cpu_snapshot()
+    results = measure(args.quick)
+    share = _others_share(before, _cpu_snapshot())
+    results |= {
+        "others_cpu_share": share["others"] if share else None,
+        "stolen_cpu_share": share["stolen"] if share else None,
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "cpu": _cpu() or platform.machine(),
         "versions": _versions(),
