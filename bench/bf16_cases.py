@@ -61,6 +61,30 @@ def float32_reference(name: str) -> tuple[np.ndarray, float, dict[str, np.ndarra
     return _MEASURED[name, "float32"]
 
 
+def rounding_floor(name: str) -> tuple[float, float]:
+    """What rounding the weights to bf16 alone costs ``name``: (logits, gradients) relative errors of
+    NumPy float64 on the bf16-rounded weights against float64 on the weights themselves. Every bf16
+    policy multiplies by bf16 weights, so no bf16 pass can be expected to do better than this."""
+    if (name, "floor") not in _MEASURED:
+        import ml_dtypes
+
+        import numpy_impl
+        from transformer_spec.mixed_precision import gradients_error, relative_error
+
+        config = CONFIGS[name]
+        batch, inputs = batch_and_inputs(config)
+        params = init_params(config, seed=0)
+        bf16 = ml_dtypes.bfloat16
+        rounded = {k: np.asarray(v, np.float32).astype(bf16).astype(np.float64) for k, v in params.items()}
+        runs = []
+        for weights in (params, rounded):
+            model = numpy_impl.build_model(config, weights, "float64")
+            runs.append((model(*inputs).logits, numpy_impl.loss_and_grads(model, batch)[1]))
+        (want_logits, want_grads), (logits, grads) = runs
+        _MEASURED[name, "floor"] = (relative_error(logits, want_logits), gradients_error(grads, want_grads))
+    return _MEASURED[name, "floor"]
+
+
 def bf16_run(name: str, backend: str, policy: str) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
     """``backend``'s bf16 (logits, loss, gradients) under ``policy``, all float32."""
     if (name, backend, policy) not in _MEASURED:

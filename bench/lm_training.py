@@ -150,7 +150,7 @@ def training_flops_per_token(config) -> float:
 
 def bf16_errors() -> dict[str, Any]:
     """The error budgets' measured values: shared_tests/test_mixed_precision.py's cases (bench.bf16_cases)."""
-    from transformer_spec.mixed_precision import BUDGET, gradients_error, relative_error
+    from transformer_spec.mixed_precision import BUDGET, ROUNDING_MULTIPLE, gradients_error, relative_error
 
     from . import bf16_cases as cases
 
@@ -158,17 +158,23 @@ def bf16_errors() -> dict[str, Any]:
     for name in cases.CONFIGS:
         want_logits, _, want_grads = cases.float32_reference(name)
         runs = {}
+        floor_logits, floor_grads = cases.rounding_floor(name)
+        rows.append({"config": name, "what": "float64 on the weights rounded to bf16 (the rounding floor)",
+                     "logits": floor_logits, "gradients": floor_grads})  # fmt: skip
         for backend, policy in cases.RUNS:
             logits, _, grads = runs[backend, policy] = cases.bf16_run(name, backend, policy)
             rows.append({"config": name, "what": f"{backend} ({policy}) vs float32",
                          "logits": relative_error(logits, want_logits),
-                         "gradients": gradients_error(grads, want_grads)})  # fmt: skip
+                         "gradients": gradients_error(grads, want_grads),
+                         "of_floor": (relative_error(logits, want_logits) / floor_logits,
+                                      gradients_error(grads, want_grads) / floor_grads)})  # fmt: skip
         for first, second in cases.PAIRS:
             rows.append({"config": name, "what": f"{first[0]} ({first[1]}) vs {second[0]} ({second[1]})",
                          "logits": relative_error(runs[first][0], runs[second][0]),
                          "gradients": gradients_error(runs[first][2], runs[second][2])})  # fmt: skip
     curves = {backend: cases.curve_gap(backend) for backend in BACKENDS}
-    return {"rows": rows, "curve_gap": curves, "budget": BUDGET, "curve_steps": cases.CURVE_STEPS}
+    return {"rows": rows, "curve_gap": curves, "budget": BUDGET, "curve_steps": cases.CURVE_STEPS,
+            "rounding_multiple": ROUNDING_MULTIPLE}  # fmt: skip
 
 
 def measure(quick: bool) -> dict[str, Any]:
@@ -268,14 +274,17 @@ def markdown(results: dict[str, Any]) -> str:
 
 def bf16_markdown(results: dict[str, Any]) -> str:
     bf16 = results["bf16"]
-    out = ["| model | bf16 run | logits | gradients |", "| --- | --- | --- | --- |"]
+    out = ["| model | bf16 run | logits | gradients | ÷ rounding floor (logits, gradients) |",
+           "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in bf16["rows"]:
-        out.append(f"| {r['config']} | {r['what']} | {r['logits']:.1e} | {r['gradients']:.1e} |")
+        multiple = ", ".join(f"{x:.1f}x" for x in r["of_floor"]) if "of_floor" in r else ""
+        out.append(f"| {r['config']} | {r['what']} | {r['logits']:.1e} | {r['gradients']:.1e} | {multiple} |")
     budget = bf16["budget"]
     curves = ", ".join(f"{name} {gap:.1e}" for name, gap in bf16["curve_gap"].items())
     out += [
         "",
-        f"Budgets: logits {budget['logits']:.0e}, gradients {budget['gradients']:.0e} (norm-wise, relative). "
+        f"Budgets: logits {budget['logits']:.0e}, gradients {budget['gradients']:.0e} (norm-wise, relative), "
+        f"and {bf16.get('rounding_multiple', '?')}x the model's rounding floor. "
         f"bf16 training (tiny-llama, copy task, {bf16['curve_steps']} Adam steps) against the float32 curve, "
         f"max relative gap per step: {curves} (budget {budget['loss_curve']:.0e}).",
     ]

@@ -581,7 +581,10 @@ PAGES: tuple[Page, ...] = (
             "In every backend the loss is computed in float32, from the logits cast to float32. bf16 cannot be "
             "equal across frameworks bit for bit (XLA fuses elementwise chains, oneDNN blocks its sums), so it "
             "is held to error budgets, norm-wise: the logits, the whole gradient and a bf16 training curve "
-            "against float32, and the backends against each other.",
+            "against float32, and the backends against each other. And to a floor it cannot beat: every "
+            "policy multiplies by bf16 weights, and rounding the weights alone (everything else in float64) "
+            "moves the post-norm encoder-decoder's gradient by 2.6e-2, so each bf16 run is held to a few "
+            "times that rounding floor.",
         ),
         code=(
             "transformer_spec/mixed_precision.py: POLICIES, OPS, BUDGET, relative_error, gradients_error",

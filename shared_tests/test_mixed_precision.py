@@ -18,7 +18,7 @@ import pytest
 from bench import bf16_cases as cases
 from bench.bf16_cases import CONFIGS, PAIRS, RUNS, copy_batches, float32_reference
 from transformer_spec import init_params
-from transformer_spec.mixed_precision import BUDGET, FLOOR, gradients_error, relative_error
+from transformer_spec.mixed_precision import BUDGET, FLOOR, ROUNDING_MULTIPLE, gradients_error, relative_error
 
 from .test_data_parallel import padded_batch
 
@@ -45,6 +45,18 @@ def test_bf16_logits_and_gradients_are_within_the_budget_of_float32(name, backen
     assert FLOOR < logits_error <= BUDGET["logits"], f"logits: {logits_error:.2e}"
     assert FLOOR < grads_error <= BUDGET["gradients"], f"gradients: {grads_error:.2e}"
     assert abs(loss - want_loss) / want_loss <= BUDGET["logits"]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("backend, policy", RUNS, ids=[f"{b}-{p}" for b, p in RUNS])
+def test_bf16_costs_a_few_times_what_rounding_the_weights_alone_costs(name, backend, policy):
+    # every policy multiplies by bf16 weights: its error is held to a multiple of that rounding's own
+    floor_logits, floor_grads = cases.rounding_floor(name)
+    want_logits, _, want_grads = float32_reference(name)
+    logits, _, grads = bf16_run(name, backend, policy)
+    assert FLOOR < floor_logits and FLOOR < floor_grads
+    assert relative_error(logits, want_logits) <= ROUNDING_MULTIPLE * floor_logits
+    assert gradients_error(grads, want_grads) <= ROUNDING_MULTIPLE * floor_grads
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
