@@ -163,11 +163,10 @@ def bf16_errors() -> dict[str, Any]:
                      "logits": floor_logits, "gradients": floor_grads})  # fmt: skip
         for backend, policy in cases.RUNS:
             logits, _, grads = runs[backend, policy] = cases.bf16_run(name, backend, policy)
-            rows.append({"config": name, "what": f"{backend} ({policy}) vs float32",
-                         "logits": relative_error(logits, want_logits),
-                         "gradients": gradients_error(grads, want_grads),
-                         "of_floor": (relative_error(logits, want_logits) / floor_logits,
-                                      gradients_error(grads, want_grads) / floor_grads)})  # fmt: skip
+            error_logits, error_grads = relative_error(logits, want_logits), gradients_error(grads, want_grads)
+            rows.append({"config": name, "what": f"{backend} ({policy}) vs float32", "logits": error_logits,
+                         "gradients": error_grads,
+                         "of_floor": (error_logits / floor_logits, error_grads / floor_grads)})  # fmt: skip
         for first, second in cases.PAIRS:
             rows.append({"config": name, "what": f"{first[0]} ({first[1]}) vs {second[0]} ({second[1]})",
                          "logits": relative_error(runs[first][0], runs[second][0]),

@@ -110,8 +110,8 @@ REASONS: dict[str, str] = {
     "parameters and buffers cast to bf16 and its nnx.Linear layers told to compute in bf16: the whole forward in "
     "bf16); NumPy has neither and emulates both with ml_dtypes (an array class whose ops compute in float32 and "
     "round as torch and JAX do). So mixed_precision.py is one file per backend with the same public functions "
-    "(compute_in_bf16 / in_compute_dtype, mixed_precision_logits, mixed_precision_loss_and_grads), and a "
-    "train_step takes compute_dtype and branches to it; the loss is float32 in all three "
+    "(compute_in_bf16 / in_compute_dtype, mixed_precision_logits, mixed_precision_loss_and_grads), and "
+    "each training.loss_and_grads takes compute_dtype and turns to it; the loss is float32 in all three "
     "(transformer_spec.mixed_precision has the policies, the budgets and where they differ).",
     "nnx-static-none": "Flax NNX marks an attribute first set to None as static and refuses a module in it "
     "later, so an optional submodule is assigned once, in every branch; NumPy and torch set it to None "
