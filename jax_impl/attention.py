@@ -13,13 +13,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import Array
 
 from transformer_spec import Config
 from transformer_spec.checks import (
     check_attention_inputs,
     check_attention_projections,
     check_rows,
-    checks_inputs_once,
 )
 from transformer_spec.trace import record
 
@@ -29,7 +29,7 @@ from .positional import RotaryEmbedding
 from .validate import check_float_inputs, check_mask
 
 
-def masked_softmax(scores: jax.Array, mask: jax.Array | None) -> jax.Array:
+def masked_softmax(scores: Array, mask: Array | None) -> Array:
     """Softmax over the last axis, over allowed keys only.
 
     Masked scores become -inf, so their weight is exp(-inf) = 0 *exactly* (a finite
@@ -52,42 +52,33 @@ def masked_softmax(scores: jax.Array, mask: jax.Array | None) -> jax.Array:
 
 
 def scaled_dot_product_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    mask: jax.Array | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None = None,
     dropout: Dropout | None = None,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[Array, Array]:
     """softmax(q k^T / sqrt(d_k)) v -> (context (..., T_q, d_v), weights (..., T_q, T_k)).
 
     Dividing by sqrt(d_k) keeps the scores' variance near 1 when q and k have unit
     variance entries, so the softmax does not saturate (section 3.2.1). It is d_k, the
-    per-head size, not d_model. (``math.sqrt`` gives a Python float, which never changes
-    the array's dtype.)
-
-    ``precision=HIGHEST``: on GPU/TPU, JAX may otherwise run a float32 matmul as
-    TF32/bf16 passes, far less precise than the NumPy reference.
+    per-head size, not d_model.
 
     ``dropout`` (active in training mode only) drops whole query-key links from the
     weights before they average v; the returned weights are the softmax's, before it.
     """
     check_attention_inputs(q.shape, k.shape, v.shape)
     check_float_inputs(("q", "k", "v"), (q, k, v))
-    # differs: jax-precision-highest
-    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=jax.lax.Precision.HIGHEST) / math.sqrt(
-        q.shape[-1]
-    )  # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
     check_mask("mask", mask, scores.shape)
     record(None, "scores", scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
     record(None, "weights", weights)
     used = weights if dropout is None else dropout(weights)  # (..., T_q, T_k)
-    # differs: jax-precision-highest
-    context = jnp.matmul(used, v, precision=jax.lax.Precision.HIGHEST)  # (..., T_q, T_k) @ (..., T_k, d_v)
-    return context, weights  # (..., T_q, d_v), (..., T_q, T_k)
+    return used @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
 
 
-def repeat_kv(x: jax.Array, groups: int) -> jax.Array:
+def repeat_kv(x: Array, groups: int) -> Array:
     """Grouped-query attention: x (B, H_kv, T, d_k) -> (B, H_kv * groups, T, d_k), each key/value
     head repeated for the ``groups`` query heads that share it: query head h reads kv head
     h // groups (HF's ``repeat_kv``). Tiling instead (h % H_kv) runs and gives nonsense with
@@ -102,11 +93,11 @@ class KeyValueCache(NamedTuple):
     between decoding steps so that a step projects only its new tokens. (A NamedTuple is a
     pytree: a cache goes into and comes out of a jit-compiled step as ordinary arrays.)"""
 
-    k: jax.Array  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
-    v: jax.Array  # (B, H_kv, T_cache, d_k)
+    k: Array  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
+    v: Array  # (B, H_kv, T_cache, d_k)
 
 
-def append_to_cache(cached: jax.Array, new: jax.Array, position: int | jax.Array, axis: int) -> jax.Array:
+def append_to_cache(cached: Array, new: Array, position: int | Array, axis: int) -> Array:
     """``cached`` holds positions 0 .. position - 1 along ``axis``; -> it with ``new`` after them.
 
     JAX difference: NumPy and torch grow the array by concatenation, so its shape changes
@@ -135,8 +126,8 @@ class MultiHeadAttention(nnx.Module):
 
     def __init__(self, config: Config, dtype: str = "float32", rotary: bool | None = None):
         self.config = config
-        self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.kv_heads, config.d_k
-        d_q, d_kv, bias = config.num_heads * config.d_k, config.kv_heads * config.d_k, config.use_attention_bias
+        self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.num_kv_heads, config.d_k
+        d_q, d_kv, bias = config.num_heads * config.d_k, config.num_kv_heads * config.d_k, config.attention_bias
         self.w_q = Linear(config.d_model, d_q, bias, dtype)
         self.w_k = Linear(config.d_model, d_kv, bias, dtype)
         self.w_v = Linear(config.d_model, d_kv, bias, dtype)
@@ -146,23 +137,22 @@ class MultiHeadAttention(nnx.Module):
         self.rotary = RotaryEmbedding(config, dtype) if rotary else None
         self.dropout = Dropout(config.dropout)  # on the attention weights
 
-    def split_heads(self, x: jax.Array) -> jax.Array:
+    def split_heads(self, x: Array) -> Array:
         batch, seq_len, _ = x.shape
         x = x.reshape(batch, seq_len, -1, self.d_k)  # (B, T, H, d_k): H query or H_kv key/value heads
         return x.swapaxes(1, 2)  # (B, H, T, d_k)
 
-    def merge_heads(self, x: jax.Array) -> jax.Array:
+    def merge_heads(self, x: Array) -> Array:
         batch, _, seq_len, _ = x.shape
         x = x.swapaxes(1, 2)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, -1)  # (B, T, H * d_k)
 
     def check_inputs(
         self,
-        query: jax.Array,
-        key: jax.Array,
-        value: jax.Array,
-        mask: jax.Array | None = None,
-        need_weights: bool = False,
+        query: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None = None,
     ) -> None:
         """query (B, T_q, d_model), key and value (B, T_k, d_model) in the weights' dtype, mask
         broadcastable to the scores (B, H, T_q, T_k); checked here, before a fused kernel may take the call."""
@@ -172,17 +162,17 @@ class MultiHeadAttention(nnx.Module):
         if self.rotary is not None:  # queries and keys at positions 0 .. T - 1 of the rotary tables
             check_rows(0, max(query.shape[1], key.shape[1]), self.config.max_len)
 
-    @checks_inputs_once
     @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(
         self,
-        query: jax.Array,
-        key: jax.Array,
-        value: jax.Array,
-        mask: jax.Array | None = None,
+        query: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None = None,
         need_weights: bool = False,
-    ) -> tuple[jax.Array, jax.Array | None]:
+    ) -> tuple[Array, Array | None]:
         """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
+        self.check_inputs(query, key, value, mask)  # shapes and dtypes: refused with a message
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
         k = self.split_heads(self.w_k(key))  # (B, H_kv, T_k, d_k)
         v = self.split_heads(self.w_v(value))  # (B, H_kv, T_k, d_k)
@@ -205,7 +195,7 @@ class MultiHeadAttention(nnx.Module):
     # ``__call__`` split in two: the keys and values (what a cache keeps), and the attention
     # of new queries over them.
 
-    def key_value(self, x: jax.Array, position: int | jax.Array = 0) -> KeyValueCache:
+    def key_value(self, x: Array, position: int | Array = 0) -> KeyValueCache:
         """x (B, T, d_model) at positions position .. position + T - 1 -> its keys and values,
         each (B, H_kv, T, d_k); the keys rotated by their positions when rotary."""
         k = self.split_heads(self.w_k(x))  # (B, H_kv, T, d_k)
@@ -221,7 +211,7 @@ class MultiHeadAttention(nnx.Module):
         )  # (B, H_kv, max_len, d_k)
         return KeyValueCache(empty, empty)  # (B, H_kv, max_len, d_k) each
 
-    def extend_cache(self, cache: KeyValueCache, x: jax.Array, position: int | jax.Array) -> KeyValueCache:
+    def extend_cache(self, cache: KeyValueCache, x: Array, position: int | Array) -> KeyValueCache:
         """``cache`` of positions 0 .. position - 1, and x (B, T_new, d_model) at the next T_new
         positions -> the cache of positions 0 .. position + T_new - 1."""
         new = self.key_value(x, position)  # (B, H_kv, T_new, d_k) each
@@ -231,8 +221,8 @@ class MultiHeadAttention(nnx.Module):
 
     @fusable("attend")  # speed: a fused kernel may run instead (kernels.py)
     def attend(
-        self, query: jax.Array, cache: KeyValueCache, mask: jax.Array | None = None, position: int | jax.Array = 0
-    ) -> jax.Array:
+        self, query: Array, cache: KeyValueCache, mask: Array | None = None, position: int | Array = 0
+    ) -> Array:
         """query (B, T_q, d_model) at positions position .. position + T_q - 1 over cached keys and
         values (B, H_kv, T_k, d_k) -> (B, T_q, d_model).
 
@@ -247,7 +237,7 @@ class MultiHeadAttention(nnx.Module):
 
 
 class AttentionHead(nnx.Module):
-    """One head as the seeds write it: its own Linear(d_model, d_k) for q, k and v."""
+    """One head as the PyTorch tutorials write it: its own Linear(d_model, d_k) for q, k and v."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.w_q = Linear(config.d_model, config.d_k, config.bias, dtype)
@@ -255,8 +245,8 @@ class AttentionHead(nnx.Module):
         self.w_v = Linear(config.d_model, config.d_k, config.bias, dtype)
 
     def __call__(
-        self, query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None = None
-    ) -> tuple[jax.Array, jax.Array]:
+        self, query: Array, key: Array, value: Array, mask: Array | None = None
+    ) -> tuple[Array, Array]:
         q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k): a head axis of size 1, so 4-D masks broadcast
         k = self.w_k(key)[:, None]  # (B, 1, T_k, d_k)
         v = self.w_v(value)[:, None]  # (B, 1, T_k, d_k)
@@ -265,7 +255,7 @@ class AttentionHead(nnx.Module):
 
 
 class MultiHeadAttentionLoop(nnx.Module):
-    """The seeds' multi-head attention: a Python list of heads, concatenated, then w_o.
+    """The tutorials' multi-head attention: a Python list of heads, concatenated, then w_o.
 
     Mathematically the same as :class:`MultiHeadAttention` given the same weights
     (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one.
@@ -283,12 +273,12 @@ class MultiHeadAttentionLoop(nnx.Module):
 
     def __call__(
         self,
-        query: jax.Array,
-        key: jax.Array,
-        value: jax.Array,
-        mask: jax.Array | None = None,
+        query: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None = None,
         need_weights: bool = False,
-    ) -> tuple[jax.Array, jax.Array | None]:
+    ) -> tuple[Array, Array | None]:
         check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
         outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
         context = jnp.concatenate([c for c, _ in outputs], axis=-1)  # (B, T_q, d_model)

@@ -29,9 +29,9 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from transformer_spec.data_parallel import batch_size, check_data_parallel
-from transformer_spec.mixed_precision import check_compute_dtype
-from transformer_spec.train import train_loop
+from transformer_run.data_parallel import batch_size, check_data_parallel
+from transformer_run.mixed_precision import check_compute_dtype
+from transformer_run.train import train_loop
 
 from .layers import seed_dropout
 from .optim import Adam
@@ -71,7 +71,7 @@ def data_parallel_train(
     compute_dtype: str | None = None,
 ) -> list[float]:
     """``train`` over ``data_parallel`` devices: each step is train.py's ``train_step`` on the
-    sharded global batch; the loop is ``transformer_spec.train``'s. ``compute_dtype``: as
+    sharded global batch; the loop is ``transformer_run.train``'s. ``compute_dtype``: as
     ``train``'s (mixed precision)."""
     check_compute_dtype(compute_dtype)
     for batch in batches:

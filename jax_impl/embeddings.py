@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import Array
 
 from transformer_spec import Config
 from transformer_spec.checks import check_no_token_types, check_same_shape
@@ -32,7 +32,7 @@ class TokenEmbedding(nnx.Module):
         self.weight = nnx.Param(jnp.zeros((vocab_size, d_model), dtype))  # (vocab, d_model)
         self.scale = math.sqrt(d_model) if scale else 1.0  # a Python float: keeps the dtype
 
-    def __call__(self, ids: jax.Array) -> jax.Array:
+    def __call__(self, ids: Array) -> Array:
         # JAX never raises on an out-of-range index: plain ``weight[ids]`` clamps (a bad id
         # silently reads the last row) and ``jnp.take`` wraps negative ids around, as
         # NumPy does. The ids are validated eagerly, but inside a trace their values are
@@ -70,8 +70,8 @@ class Embeddings(nnx.Module):
         self.dropout = Dropout(config.dropout)
 
     def __call__(
-        self, ids: jax.Array, token_type_ids: jax.Array | None = None, offset: int | jax.Array = 0
-    ) -> jax.Array:
+        self, ids: Array, token_type_ids: Array | None = None, offset: int | Array = 0
+    ) -> Array:
         ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
         x = self.token(ids)  # (B, T, d_model)
         record(self, "token", x)

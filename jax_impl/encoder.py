@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import jax
 from flax import nnx
+from jax import Array
 
 from transformer_spec import Config
 from transformer_spec.checks import check_hidden
@@ -32,8 +32,8 @@ class EncoderLayer(nnx.Module):
         self.ffn_dropout = Dropout(config.dropout)
 
     def __call__(
-        self, x: jax.Array, mask: jax.Array | None = None, need_weights: bool = False
-    ) -> tuple[jax.Array, jax.Array | None]:
+        self, x: Array, mask: Array | None = None, need_weights: bool = False
+    ) -> tuple[Array, Array | None]:
         """x (B, T, d_model), mask (B|1, 1, T|1, T) -> (B, T, d_model), weights (B, H, T, T)."""
         check_hidden("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
@@ -66,15 +66,15 @@ class Encoder(nnx.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
         self.layers = nnx.List([EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)])
-        self.norm = make_norm(config, dtype) if config.use_encoder_final_norm else None
+        self.norm = make_norm(config, dtype) if config.encoder_final_norm else None
 
     def __call__(
         self,
-        x: jax.Array,
-        mask: jax.Array | None = None,
+        x: Array,
+        mask: Array | None = None,
         need_weights: bool = False,
         need_hidden_states: bool = False,
-    ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    ) -> tuple[Array, tuple[Array, ...], tuple[Array, ...]]:
         """-> (output (B, T, d_model), hidden states (input + each layer's output), weights per layer)."""
         hidden_states, attentions = [x], []
         for layer in self.layers:

@@ -1,6 +1,6 @@
-"""Decoding: the steppers that ``transformer_spec.decoding``'s greedy and beam search drive.
+"""Decoding: the steppers that ``transformer_run.decoding``'s greedy and beam search drive.
 
-The search itself is written once, in NumPy, in ``transformer_spec.decoding``; a backend
+The search itself is written once, in NumPy, in ``transformer_run.decoding``; a backend
 only supplies a *stepper* (start / step / reorder, see ``decoding.Stepper``) that turns the
 newest tokens into next-token logits. Two of them, which must give the same logits:
 
@@ -48,9 +48,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import Array
 
-from transformer_spec.checks import inputs_checked
-from transformer_spec.decoding import (
+from transformer_run.decoding import (
     BeamResult,
     beam_search,
     check_decoding,
@@ -58,6 +58,7 @@ from transformer_spec.decoding import (
     greedy_decode,
     sample_decode,
 )
+from transformer_spec.checks import inputs_checked
 
 from .attention import KeyValueCache, append_to_cache
 from .decoder import LayerCache
@@ -69,19 +70,19 @@ class DecodingState(NamedTuple):
     """The cached stepper's state, N running sequences."""
 
     cache: tuple[LayerCache, ...]  # per decoder layer: keys/values (N, H, T_cache, d_k)
-    keep: jax.Array  # (N, T_cache): True where the token fed at that position is not padding
-    memory_mask: jax.Array | None  # (N, 1, 1, T_src) source padding; None when decoder-only
+    keep: Array  # (N, T_cache): True where the token fed at that position is not padding
+    memory_mask: Array | None  # (N, 1, 1, T_src) source padding; None when decoder-only
     offset: int  # the prompt's length: a step's ``position`` counts from after the prompt
 
 
 class PrefixState(NamedTuple):
     """The uncached stepper's state: everything needed to re-run the model from scratch."""
 
-    src_ids: jax.Array  # (N, T_src): the source, or the decoder-only model's prompt (N, P)
-    tgt_ids: jax.Array  # (N, T): the tokens fed so far, from <bos>
+    src_ids: Array  # (N, T_src): the source, or the decoder-only model's prompt (N, P)
+    tgt_ids: Array  # (N, T): the tokens fed so far, from <bos>
 
 
-def make_step_mask(keep: jax.Array, position: int | jax.Array, num_new: int) -> jax.Array:
+def make_step_mask(keep: Array, position: int | Array, num_new: int) -> Array:
     """keep (N, T_cache) -> tgt_mask (N, 1, T_new, T_cache) for new tokens at positions
     position .. position + num_new - 1: each sees the cached positions up to its own, minus padding.
 
@@ -98,8 +99,8 @@ CACHE_BLOCK = 128  # cache sizes are multiples of this: one compiled step serves
 
 
 def initial_cache(  # differs: jit-static-shapes
-    model: Any, src_ids: jax.Array, length: int
-) -> tuple[tuple[LayerCache, ...], jax.Array, jax.Array | None]:
+    model: Any, src_ids: Array, length: int
+) -> tuple[tuple[LayerCache, ...], Array, Array | None]:
     """Before the first step -> (cache, keep, memory_mask): the encoder-decoder encodes its source
     and projects the memory's keys and values, once per layer; no target token is cached yet.
     JAX: buffers of ``length`` positions (a static argument: a shape)."""
@@ -129,13 +130,13 @@ def cache_length(config: Any, prompt_length: int, max_new: int | None) -> int:  
 
 def decode_step(
     model: Any,
-    tokens: jax.Array,
+    tokens: Array,
     cache: tuple[LayerCache, ...],
-    keep: jax.Array,
-    memory_mask: jax.Array | None,
-    position: int | jax.Array,
+    keep: Array,
+    memory_mask: Array | None,
+    position: int | Array,
     project: bool = True,
-) -> tuple[jax.Array | None, tuple[LayerCache, ...], jax.Array]:
+) -> tuple[Array | None, tuple[LayerCache, ...], Array]:
     """tokens (N, T_new) at absolute positions position .. position + T_new - 1, the cache and
     ``keep`` (N, position) of every earlier one -> logits (N, T_new, V), both extended.
     ``project=False`` (a prompt filling the cache): no logits (None), the output projection
@@ -160,7 +161,7 @@ _jit_initial_cache = jax.jit(initial_cache, static_argnums=2)
 _jit_decode_step = jax.jit(decode_step, static_argnames="project")
 
 
-def select_rows(tree: Any, rows: jax.Array) -> Any:
+def select_rows(tree: Any, rows: Array) -> Any:
     """Every array in a (named) tuple tree, indexed by ``rows`` along its first (batch) axis."""
     return jax.tree.map(lambda array: array[rows], tree)  # (len(rows), ...) each
 
@@ -237,14 +238,14 @@ class UncachedStepper:
 
 
 def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedStepper:
-    """A ``transformer_spec.decoding.Stepper`` for a ``Transformer`` or a ``TransformerLM``."""
+    """A ``transformer_run.decoding.Stepper`` for a ``Transformer`` or a ``TransformerLM``."""
     if not model.config.uses_decoder:
         raise ValueError(f"decoding needs a model with a decoder, got kind={model.config.kind!r}")
     return CachedStepper(model) if cached else UncachedStepper(model)
 
 
 def greedy(model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True) -> np.ndarray:
-    """Greedy decoding (``transformer_spec.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
+    """Greedy decoding (``transformer_run.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
     from ``bos``, padded after ``eos``; see the module docstring."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
@@ -261,7 +262,7 @@ def beam(
     length_penalty: float = 1.0,
     cached: bool = True,
 ) -> BeamResult:
-    """Beam search (``transformer_spec.decoding.beam_search``) -> the best hypothesis per row and its score."""
+    """Beam search (``transformer_run.decoding.beam_search``) -> the best hypothesis per row and its score."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
     return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
@@ -280,17 +281,17 @@ def sample(
     cached: bool = True,
 ) -> np.ndarray:
     """Sampling with temperature, top-k and top-p from a seeded NumPy generator
-    (``transformer_spec.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
+    (``transformer_run.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
     return sample_decode(stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id)
 
 
-def _to_device(model: Any, ids: np.ndarray) -> jax.Array:
+def _to_device(model: Any, ids: np.ndarray) -> Array:
     """The search's ids (NumPy) -> a JAX array on the default device."""
     return jnp.asarray(ids)  # differs: torch-device
 
 
-def _to_host(logits: jax.Array) -> np.ndarray:
+def _to_host(logits: Array) -> np.ndarray:
     """This backend's logits -> the NumPy array the search reads (a copy from the device)."""
     return np.asarray(logits)  # differs: torch-device

@@ -12,7 +12,7 @@ normalising each become one loop over the data, and the matmuls go to the same E
 GEMMs a kernel would call. The fused attention JAX offers, ``jax.nn.dot_product_attention``,
 computes its softmax in float32 even for float64 inputs (and averages v over a query row with
 no allowed key, where we define 0): registering it would break the float64 parity the suite
-holds JAX to (PITFALLS.md). The ``@fusable`` lines stay, so that the three backends read alike
+holds JAX to. The ``@fusable`` lines stay, so that the three backends read alike
 and a kernel added here is reached without touching the teaching code. (The switch is read
 when a function is traced: a jit-compiled function keeps the path it was compiled with.)
 """

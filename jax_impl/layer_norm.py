@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import Array
 
 from transformer_spec import Config
-from transformer_spec.checks import check_features, checks_inputs_once
+from transformer_spec.checks import check_features
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -35,14 +35,14 @@ class LayerNorm(nnx.Module):
         self.weight = nnx.Param(jnp.ones((config.d_model,), dtype))  # (d_model,)
         self.bias = nnx.Param(jnp.zeros((config.d_model,), dtype)) if config.bias else None  # (d_model,)
 
-    def check_inputs(self, x: jax.Array) -> None:
+    def check_inputs(self, x: Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
-    @checks_inputs_once
     @fusable("layer_norm")  # speed: a fused kernel may run instead (kernels.py)
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: Array) -> Array:
+        self.check_inputs(x)  # shapes and dtypes: refused with a message
         mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (..., 1), biased
         std = jnp.sqrt(var + self.eps)  # (..., 1)
@@ -70,14 +70,14 @@ class RMSNorm(nnx.Module):
         self.eps = float(config.layer_norm_eps)  # a Python float: it does not change the dtype of x
         self.weight = nnx.Param(jnp.ones((config.d_model,), dtype))  # (d_model,)
 
-    def check_inputs(self, x: jax.Array) -> None:
+    def check_inputs(self, x: Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
-    @checks_inputs_once
     @fusable("rms_norm")  # speed: a fused kernel may run instead (kernels.py)
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: Array) -> Array:
+        self.check_inputs(x)  # shapes and dtypes: refused with a message
         rms = jnp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # (..., 1)
         x_hat = x / rms  # (..., d_model)
         y = x_hat * self.weight[...]  # (..., d_model)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import Array
 
 
 def Linear(d_in: int, d_out: int, bias: bool = True, dtype: str = "float32") -> nnx.Linear:
@@ -21,8 +22,6 @@ def Linear(d_in: int, d_out: int, bias: bool = True, dtype: str = "float32") -> 
     A factory, not a class: it returns a plain ``nnx.Linear``. Differences from a bare
     ``nnx.Linear(d_in, d_out, rngs=...)``, all deliberate:
 
-    * ``precision=HIGHEST``: on GPU/TPU a float32 matmul may otherwise run as TF32 or
-      bf16 passes (about 3 significant digits), far from the NumPy reference.
     * ``dtype``/``param_dtype``: the weights *and* the computation in one dtype. Flax
       casts the input to ``dtype`` (NumPy would instead promote float32 weights and a
       float64 input to float64).
@@ -35,7 +34,6 @@ def Linear(d_in: int, d_out: int, bias: bool = True, dtype: str = "float32") -> 
         use_bias=bias,
         dtype=dtype,
         param_dtype=dtype,
-        precision=jax.lax.Precision.HIGHEST,
         kernel_init=nnx.initializers.zeros,
         rngs=nnx.Rngs(0),
     )
@@ -60,7 +58,7 @@ class Dropout(nnx.Module):
         self.deterministic = False  # as a new nnx.Dropout: training mode
         self.rngs = nnx.Rngs(dropout=0).dropout  # replaced by seed_dropout
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: Array) -> Array:
         if self.deterministic or self.rate == 0:
             return x
         keep = jax.random.bernoulli(self.rngs(), 1.0 - self.rate, x.shape)  # (...,) like x: True w.p. 1 - rate

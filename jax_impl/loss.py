@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import Array
 
 from transformer_spec.checks import check_loss_inputs
 
 from .validate import check_token_ids
 
 
-def cross_entropy(logits: jax.Array, targets: jax.Array, pad_id: int, label_smoothing: float = 0.0) -> jax.Array:
+def cross_entropy(logits: Array, targets: Array, pad_id: int, label_smoothing: float = 0.0) -> Array:
     """logits (B, T, V), targets (B, T) -> the mean loss over non-pad targets, a 0-d array."""
     check_loss_inputs(logits.shape, targets.shape, label_smoothing)
     check_token_ids("targets", targets, logits.shape[-1], None)

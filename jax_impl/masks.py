@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
+from jax import Array
 
 
-def make_padding_mask(ids: jax.Array, pad_id: int) -> jax.Array:
+def make_padding_mask(ids: Array, pad_id: int) -> Array:
     """(B, T) ids -> (B, 1, 1, T): every query may look at every non-pad key."""
     return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, T)
 
 
-def make_causal_mask(seq_len: int) -> jax.Array:
+def make_causal_mask(seq_len: int) -> Array:
     """(1, 1, T, T), lower triangular: position i may look at positions 0..i only.
 
     ``seq_len`` is a Python int (a shape), so this works unchanged inside ``jax.jit``.
@@ -19,7 +19,7 @@ def make_causal_mask(seq_len: int) -> jax.Array:
     return jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))[None, None, :, :]  # (1, 1, T, T)
 
 
-def make_decoder_mask(ids: jax.Array, pad_id: int) -> jax.Array:
+def make_decoder_mask(ids: Array, pad_id: int) -> Array:
     """Decoder self-attention: causal AND key not padding -> (B, 1, T, T)."""
     return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1])  # (B, 1, 1, T) & (1, 1, T, T)
 
@@ -33,7 +33,7 @@ def make_target_mask(tgt_ids, pad_id: int):
     return keep[:, None, None, :] & make_causal_mask(tgt_ids.shape[1])  # (B, 1, T, T)
 
 
-def make_cross_attention_mask(src_ids: jax.Array, pad_id: int) -> jax.Array:
+def make_cross_attention_mask(src_ids: Array, pad_id: int) -> Array:
     """Decoder queries over encoder keys: hide the *source* padding -> (B, 1, 1, T_src).
 
     It broadcasts over the T_tgt query rows; its last axis is the source length, not

@@ -6,7 +6,7 @@ its float32 kernel and its input to bf16 at every call. ``in_compute_dtype`` doe
 model, from outside it: inside the jitted step it makes a copy whose parameters and buffers are
 the float32 ones cast to bf16 and whose Linear layers compute in bf16, and runs the forward pass
 on the copy. The whole forward then runs in bf16, the residual stream included (torch's autocast
-keeps that in float32: transformer_spec.mixed_precision). ``jax.grad`` differentiates through the
+keeps that in float32: transformer_run.mixed_precision). ``jax.grad`` differentiates through the
 casts, so the gradients arrive in float32, for the float32 master weights.
 """
 
@@ -20,12 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from transformer_spec.batches import split_batch
+from transformer_run.batches import split_batch
+from transformer_run.mixed_precision import check_compute_dtype, check_master_dtype, check_policy
 from transformer_spec.checks import inputs_checked
-from transformer_spec.mixed_precision import check_compute_dtype, check_master_dtype, check_policy
 
 from .loss import cross_entropy
-from .model import _FLAGS
 from .params import to_params
 from .validate import check_token_ids
 
@@ -55,11 +54,6 @@ def _check(model: nnx.Module, compute_dtype: str, policy: str | None) -> None:
     check_master_dtype(str(weight.dtype))
 
 
-def _arrays(checked: dict) -> tuple:
-    """The checked inputs' arrays, in the forward's order (the flags left at their default, False)."""
-    return tuple(value for name, value in checked.items() if name not in _FLAGS)
-
-
 @nnx.jit(static_argnames=("compute_dtype",))
 def _logits(model, inputs: tuple, compute_dtype: str) -> jax.Array:
     with inputs_checked():  # mixed_precision_logits checked them eagerly, before this jit
@@ -70,7 +64,7 @@ def mixed_precision_logits(model, *inputs, compute_dtype: str = "bfloat16", poli
     """The model's logits (float32, as a NumPy array) on ``inputs``, computed in ``compute_dtype``."""
     _check(model, compute_dtype, policy)
     checked = model.check_inputs(*inputs)  # eagerly: inside jit the ids' values are unknown
-    return np.asarray(_logits(model, _arrays(checked), compute_dtype))
+    return np.asarray(_logits(model, checked, compute_dtype))
 
 
 @nnx.jit(static_argnames=("label_smoothing", "compute_dtype"))
@@ -99,6 +93,6 @@ def mixed_precision_loss_and_grads(
     checked = model.check_inputs(*(jnp.asarray(x) for x in inputs))
     targets = jnp.asarray(targets)
     check_token_ids("targets", targets, model.config.tgt_vocab_size, None)
-    loss, grads = _loss_and_grads(model, _arrays(checked), targets, label_smoothing, compute_dtype)
+    loss, grads = _loss_and_grads(model, checked, targets, label_smoothing, compute_dtype)
     graphdef, _, others = nnx.split(model, nnx.Param, ...)
     return float(loss), to_params(nnx.merge(graphdef, grads, others))

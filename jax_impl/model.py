@@ -16,11 +16,13 @@ dtype error raised inside would name the converted dtype, not the caller's.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import Array
 
 from transformer_spec import Config, ModelOutput
 from transformer_spec.checks import (
@@ -28,7 +30,6 @@ from transformer_spec.checks import (
     check_no_token_types,
     check_same_batch,
     check_same_shape,
-    checks_inputs_once,
     inputs_checked,
 )
 from transformer_spec.trace import record
@@ -62,10 +63,9 @@ class Generator(nnx.Module):
         bias = nnx.Param(jnp.zeros((vocab,), dtype)) if config.final_logits_bias else None  # (V,)
         self.logits_bias = bias
 
-    def __call__(self, x: jax.Array, embedding: jax.Array) -> jax.Array:
+    def __call__(self, x: Array, embedding: Array) -> Array:
         if self.proj is None:
-            # differs: jax-precision-highest
-            logits = jnp.matmul(x, embedding.T, precision=jax.lax.Precision.HIGHEST)  # (B, T, d_model) @ (d_model, V)
+            logits = x @ embedding.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
         else:
             logits = self.proj(x)  # (B, T, V)
         if self.logits_bias is not None:
@@ -103,12 +103,9 @@ class Transformer(nnx.Module):
         x = self.tgt_embed(tgt_ids)  # (B, T_tgt, d_model)
         return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)  # (B, T_tgt, d), ...
 
-    def check_inputs(
-        self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None, return_attentions=False,
-        return_hidden_states=False,
-    ) -> dict:  # fmt: skip
-        """Every input, checked once, in the order the forward meets them; the submodules trust them.
-        -> the arguments by name, as this backend's arrays (lists, tuples, other frameworks' arrays converted)."""
+    def check_inputs(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None) -> tuple:
+        """Every input, checked in the order the forward meets them -> the same inputs as this
+        backend's arrays (lists, tuples and other frameworks' arrays converted)."""
         src_ids = token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len, self)  # (B, T_src)
         tgt_ids = token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len, self)  # (B, T_tgt)
         (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
@@ -117,25 +114,23 @@ class Transformer(nnx.Module):
         memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
         check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
         memory_mask = attention_mask("memory_mask", memory_mask, (b_tgt, heads, t_tgt, t_src), self)
-        return {
-            "src_ids": src_ids, "tgt_ids": tgt_ids, "src_mask": src_mask, "tgt_mask": tgt_mask,
-            "memory_mask": memory_mask, "return_attentions": return_attentions,
-            "return_hidden_states": return_hidden_states,
-        }  # fmt: skip
+        return src_ids, tgt_ids, src_mask, tgt_mask, memory_mask
 
-    @checks_inputs_once
     def __call__(
         self,
-        src_ids: jax.Array,
-        tgt_ids: jax.Array,
-        src_mask: jax.Array | None = None,
-        tgt_mask: jax.Array | None = None,
-        memory_mask: jax.Array | None = None,
+        src_ids: Array,
+        tgt_ids: Array,
+        src_mask: Array | None = None,
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
         """Masks left as None are built from the ids and ``config.pad_id``: source padding for
         the encoder and for cross-attention, causal AND target padding for the decoder."""
+        src_ids, tgt_ids, src_mask, tgt_mask, memory_mask = self.check_inputs(
+            src_ids, tgt_ids, src_mask, tgt_mask, memory_mask
+        )  # checked once, here; lists and other frameworks' arrays converted
         memory, encoder_hidden, encoder_attentions = self.encode(
             src_ids, src_mask, return_attentions, return_hidden_states
         )  # (B, T_src, d_model), ...
@@ -169,22 +164,21 @@ class TransformerLM(nnx.Module):
         self.generator = Generator(config, dtype)
         seed_dropout(self, 0)  # differs: dropout-streams
 
-    def check_inputs(self, ids, mask=None, return_attentions=False, return_hidden_states=False) -> dict:
-        """Every input, checked once; the submodules trust them. -> the arguments by name, converted."""
+    def check_inputs(self, ids, mask=None) -> tuple:
+        """Every input, checked -> the same inputs as this backend's arrays (see Transformer's)."""
         ids = token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len, self)  # (B, T)
         batch, seq_len = ids.shape
         mask = attention_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len), self)
-        return {"ids": ids, "mask": mask, "return_attentions": return_attentions,
-                "return_hidden_states": return_hidden_states}  # fmt: skip
+        return ids, mask
 
-    @checks_inputs_once
     def __call__(
         self,
-        ids: jax.Array,
-        mask: jax.Array | None = None,
+        ids: Array,
+        mask: Array | None = None,
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
+        ids, mask = self.check_inputs(ids, mask)  # checked once, here; lists and other arrays converted
         if mask is None:
             mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
         x, hidden, attentions, _ = self.decoder(
@@ -206,7 +200,7 @@ class Pooler(nnx.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.proj = Linear(config.d_model, config.d_model, config.bias, dtype)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: Array) -> Array:
         pooled = jnp.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
         record(self, "output", pooled)
         return pooled
@@ -225,10 +219,8 @@ class TransformerEncoderModel(nnx.Module):
         self.pooler = Pooler(config, dtype) if config.pooler else None
         seed_dropout(self, 0)  # differs: dropout-streams
 
-    def check_inputs(
-        self, ids, token_type_ids=None, mask=None, return_attentions=False, return_hidden_states=False
-    ) -> dict:
-        """Every input, checked once; the submodules trust them. -> the arguments by name, converted."""
+    def check_inputs(self, ids, token_type_ids=None, mask=None) -> tuple:
+        """Every input, checked -> the same inputs as this backend's arrays (see Transformer's)."""
         ids = token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len, self)  # (B, T)
         if self.src_embed.token_type is None:
             if token_type_ids is not None:
@@ -238,18 +230,17 @@ class TransformerEncoderModel(nnx.Module):
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
         batch, seq_len = ids.shape
         mask = attention_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len), self)
-        return {"ids": ids, "token_type_ids": token_type_ids, "mask": mask, "return_attentions": return_attentions,
-                "return_hidden_states": return_hidden_states}  # fmt: skip
+        return ids, token_type_ids, mask
 
-    @checks_inputs_once
     def __call__(
         self,
-        ids: jax.Array,
-        token_type_ids: jax.Array | None = None,
-        mask: jax.Array | None = None,
+        ids: Array,
+        token_type_ids: Array | None = None,
+        mask: Array | None = None,
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
+        ids, token_type_ids, mask = self.check_inputs(ids, token_type_ids, mask)  # checked once, here
         if mask is None:
             mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         x, hidden, attentions = self.encoder(
@@ -293,9 +284,9 @@ def compiled(model: nnx.Module) -> Callable[..., ModelOutput]:
     then runs the jit-compiled forward pass on what it returned."""
 
     def call(*args, **kwargs) -> ModelOutput:  # differs: jax-jit
-        inputs = model.check_inputs(*args, **kwargs)  # every argument by name, in the forward's order
-        arrays = tuple(value for name, value in inputs.items() if name not in _FLAGS)
-        flags = tuple(bool(inputs[name]) for name in _FLAGS)
+        inputs = inspect.signature(model.__call__).bind(*args, **kwargs).arguments  # by name
+        flags = tuple(bool(inputs.pop(name, False)) for name in _FLAGS)
+        arrays = model.check_inputs(**inputs)  # the arrays, in the forward's order
         run = _nnx_jit_run if model.config.dropout > 0 and dropout_active(model) else _plain_jit_run
         return run(model, arrays, flags)
 

@@ -3,7 +3,7 @@ step from a schedule.
 
 optax computes ``p <- p - lr_t * m_hat / (sqrt(v_hat) + eps)``, numpy_impl's written-out
 update. ``inject_hyperparams`` keeps the learning rate in the optimizer state, so the
-Python schedule (transformer_spec.schedules) sets it before each jitted step; optax's own
+Python schedule (transformer_run.schedules) sets it before each jitted step; optax's own
 schedules would count steps from 0, ours from 1.
 """
 

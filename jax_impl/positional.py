@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax import Array
 
 from transformer_spec import Config
 from transformer_spec.checks import check_rows
@@ -22,7 +23,7 @@ class Buffer(nnx.Variable):
     """
 
 
-def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved") -> jax.Array:
+def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved") -> Array:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
 
     Written so that an odd d_model works: there are ceil(d/2) sine columns but only
@@ -56,7 +57,7 @@ class SinusoidalPositionalEncoding(nnx.Module):
         pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)  # (max_len, d_model)
         self.pe = Buffer(pe)  # (max_len, d_model)
 
-    def __call__(self, seq_len: int, offset: int | jax.Array = 0) -> jax.Array:
+    def __call__(self, seq_len: int, offset: int | Array = 0) -> Array:
         check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
         return _rows(self.pe, seq_len, offset)  # (T, d_model); differs: jit-static-shapes
 
@@ -67,12 +68,12 @@ class LearnedPositionalEmbedding(nnx.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.weight = nnx.Param(jnp.zeros((config.max_len, config.d_model), dtype))  # (max_len, d_model)
 
-    def __call__(self, seq_len: int, offset: int | jax.Array = 0) -> jax.Array:
+    def __call__(self, seq_len: int, offset: int | Array = 0) -> Array:
         check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
         return _rows(self.weight, seq_len, offset)  # (T, d_model); differs: jit-static-shapes
 
 
-def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") -> tuple[jax.Array, jax.Array]:
+def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") -> tuple[Array, Array]:
     """-> cos, sin (max_len, d_k / 2) of the angles pos * theta^(-2i / d_k), i = 0 .. d_k/2 - 1.
 
     Pair i turns once every 2 pi theta^(2i/d_k) positions: the first pair fastest (one radian
@@ -87,7 +88,7 @@ def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") 
     return jnp.asarray(np.cos(angle), dtype=dtype), jnp.asarray(np.sin(angle), dtype=dtype)  # (max_len, d_k / 2)
 
 
-def rotate_pairs(x: jax.Array, cos: jax.Array, sin: jax.Array, layout: str) -> jax.Array:
+def rotate_pairs(x: Array, cos: Array, sin: Array, layout: str) -> Array:
     """Each pair (x1, x2) of x's last axis -> (x1 cos - x2 sin, x2 cos + x1 sin): a 2-D rotation.
 
     ``layout`` says which features pair up: "halves", i and i + d_k/2 (HF's ``rotate_half``);
@@ -116,7 +117,7 @@ class RotaryEmbedding(nnx.Module):
         self.cos = Buffer(cos)
         self.sin = Buffer(sin)
 
-    def __call__(self, x: jax.Array, offset: int | jax.Array = 0) -> jax.Array:
+    def __call__(self, x: Array, offset: int | Array = 0) -> Array:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
         check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist
@@ -125,7 +126,7 @@ class RotaryEmbedding(nnx.Module):
         return rotate_pairs(x, cos, sin, self.layout)  # (B, H, T, d_k)
 
 
-def _rows(table: nnx.Variable, seq_len: int, offset: int | jax.Array) -> jax.Array:  # differs: jit-static-shapes
+def _rows(table: nnx.Variable, seq_len: int, offset: int | Array) -> Array:  # differs: jit-static-shapes
     """Rows offset .. offset + seq_len - 1 of a (max_len, d_model) table -> (T, d_model).
 
     seq_len is a Python int (a shape). So is offset in a forward pass, and the slice is

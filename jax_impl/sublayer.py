@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import jax
+from jax import Array
 
 from .layer_norm import LayerNorm
 from .layers import Dropout
 
 
 def sublayer_connection(
-    x: jax.Array,
-    sublayer: Callable[[jax.Array], tuple[jax.Array, Any]],
+    x: Array,
+    sublayer: Callable[[Array], tuple[Array, Any]],
     norm: LayerNorm,
     norm_first: bool,
     dropout: Dropout | None = None,
-) -> tuple[jax.Array, Any]:
+) -> tuple[Array, Any]:
     """Post-norm (the paper): LayerNorm(x + Dropout(sublayer(x))). Pre-norm: x + Dropout(sublayer(LayerNorm(x))).
 
     ``sublayer`` returns (output, extra), the extra being attention weights or None.

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax import Array
 
-from transformer_spec.batches import split_batch
+from transformer_run.batches import split_batch
 
 from .loss import cross_entropy
 from .mixed_precision import mixed_precision_loss_and_grads
@@ -27,7 +27,7 @@ def loss_and_grads(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the cross-entropy of ``batch``, {canonical parameter name: gradient as a NumPy array}).
 
-    ``batch``: see ``transformer_spec.batches`` ({"src_ids", "tgt_in", "tgt_out"} for the
+    ``batch``: see ``transformer_run.batches`` ({"src_ids", "tgt_in", "tgt_out"} for the
     encoder-decoder, {"ids", "targets"} for the decoder-only LM), NumPy or JAX arrays.
     The gradients have the canonical names and [in, out] layout of ``param_schema``.
     ``compute_dtype="bfloat16"``: the passes in bf16, float32 gradients (mixed_precision.py).
@@ -37,7 +37,7 @@ def loss_and_grads(
     inputs, targets = split_batch(model.config, batch)
     inputs, targets = tuple(jnp.asarray(x) for x in inputs), jnp.asarray(targets)
 
-    def loss_fn(model: nnx.Module) -> jax.Array:
+    def loss_fn(model: nnx.Module) -> Array:
         # compiled(model) checks the (concrete) ids eagerly, then runs the jit-compiled forward pass
         logits = compiled(model)(*inputs).logits  # (B, T, V)
         return cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()

@@ -6,13 +6,13 @@ import math
 from typing import NamedTuple
 
 import numpy as np
+from numpy import ndarray as Array
 
 from transformer_spec import Config
 from transformer_spec.checks import (
     check_attention_inputs,
     check_attention_projections,
     check_rows,
-    checks_inputs_once,
 )
 from transformer_spec.trace import record
 
@@ -23,7 +23,7 @@ from .positional import RotaryEmbedding
 from .validate import check_float_inputs, check_mask
 
 
-def masked_softmax(scores: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+def masked_softmax(scores: Array, mask: Array | None) -> Array:
     """Softmax over the last axis, over allowed keys only.
 
     Masked scores become -inf, so their weight is exp(-inf) = 0 *exactly* (a finite
@@ -40,7 +40,7 @@ def masked_softmax(scores: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     return exp / np.where(total > 0, total, 1.0)  # (..., T_q, T_k): empty rows: 0 / 1 = 0, not 0 / 0
 
 
-def masked_softmax_backward(weights: np.ndarray, grad_weights: np.ndarray) -> np.ndarray:
+def masked_softmax_backward(weights: Array, grad_weights: Array) -> Array:
     """Gradient with respect to the (unmasked) scores, from the softmax's output ``weights``.
 
     For w = softmax(s) over a row: ds_j = w_j (dw_j - sum_i dw_i w_i). Masked keys have
@@ -52,12 +52,12 @@ def masked_softmax_backward(weights: np.ndarray, grad_weights: np.ndarray) -> np
 
 
 def scaled_dot_product_attention(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    mask: np.ndarray | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None = None,
     dropout: Dropout | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[Array, Array]:
     """softmax(q k^T / sqrt(d_k)) v -> (context (..., T_q, d_v), weights (..., T_q, T_k)).
 
     Dividing by sqrt(d_k) keeps the scores' variance near 1 when q and k have unit
@@ -69,7 +69,7 @@ def scaled_dot_product_attention(
     """
     check_attention_inputs(q.shape, k.shape, v.shape)
     check_float_inputs(("q", "k", "v"), (q, k, v))
-    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
     check_mask("mask", mask, scores.shape)
     record(None, "scores", scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
@@ -79,13 +79,13 @@ def scaled_dot_product_attention(
 
 
 def scaled_dot_product_attention_backward(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    weights: np.ndarray,
-    grad_context: np.ndarray,
+    q: Array,
+    k: Array,
+    v: Array,
+    weights: Array,
+    grad_context: Array,
     dropout: Dropout | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[Array, Array, Array]:
     """grad_context (..., T_q, d_v) -> grad_q (..., T_q, d_k), grad_k (..., T_k, d_k), grad_v (..., T_k, d_v).
 
     ``weights`` is the forward's output (..., T_q, T_k): the mask is already in it (0 at
@@ -96,18 +96,18 @@ def scaled_dot_product_attention_backward(
     multiplier = None if dropout is None else dropout.saved.multiplier  # (..., T_q, T_k) or None
     # context = used @ v, used = weights * multiplier (or the weights themselves)
     used = weights if multiplier is None else weights * multiplier  # (..., T_q, T_k)
-    grad_used = grad_context @ np.swapaxes(v, -1, -2)  # (..., T_q, d_v) @ (..., d_v, T_k) -> (..., T_q, T_k)
-    grad_v = np.swapaxes(used, -1, -2) @ grad_context  # (..., T_k, T_q) @ (..., T_q, d_v) -> (..., T_k, d_v)
+    grad_used = grad_context @ v.swapaxes(-1, -2)  # (..., T_q, d_v) @ (..., d_v, T_k) -> (..., T_q, T_k)
+    grad_v = used.swapaxes(-1, -2) @ grad_context  # (..., T_k, T_q) @ (..., T_q, d_v) -> (..., T_k, d_v)
     grad_weights = grad_used if dropout is None else dropout.backward(grad_used)[0]  # (..., T_q, T_k)
     # weights = masked_softmax(scores)
     grad_scores = masked_softmax_backward(weights, grad_weights)  # (..., T_q, T_k)
     # scores = q @ k^T / sqrt(d_k)
     grad_q = grad_scores @ k / scale  # (..., T_q, T_k) @ (..., T_k, d_k) -> (..., T_q, d_k)
-    grad_k = np.swapaxes(grad_scores, -1, -2) @ q / scale  # (..., T_k, T_q) @ (..., T_q, d_k) -> (..., T_k, d_k)
+    grad_k = grad_scores.swapaxes(-1, -2) @ q / scale  # (..., T_k, T_q) @ (..., T_q, d_k) -> (..., T_k, d_k)
     return grad_q, grad_k, grad_v
 
 
-def repeat_kv(x: np.ndarray, groups: int) -> np.ndarray:
+def repeat_kv(x: Array, groups: int) -> Array:
     """Grouped-query attention: x (B, H_kv, T, d_k) -> (B, H_kv * groups, T, d_k), each key/value
     head repeated for the ``groups`` query heads that share it: query head h reads kv head
     h // groups (HF's ``repeat_kv``). Tiling instead (h % H_kv) runs and gives nonsense with
@@ -117,7 +117,7 @@ def repeat_kv(x: np.ndarray, groups: int) -> np.ndarray:
     return np.repeat(x, groups, axis=1)  # (B, H, T, d_k): kv heads 0, 0, .., 1, 1, ..
 
 
-def repeat_kv_backward(grad_output: np.ndarray, groups: int) -> np.ndarray:
+def repeat_kv_backward(grad_output: Array, groups: int) -> Array:
     """grad_output (B, H, T, d_k) -> (B, H_kv, T, d_k): a kv head read by ``groups`` query heads
     gets the sum of their gradients."""
     batch, heads, seq_len, d_k = grad_output.shape
@@ -129,11 +129,11 @@ class KeyValueCache(NamedTuple):
     """One attention layer's keys and values, already projected and split into heads, kept
     between decoding steps so that a step projects only its new tokens."""
 
-    k: np.ndarray  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
-    v: np.ndarray  # (B, H_kv, T_cache, d_k)
+    k: Array  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
+    v: Array  # (B, H_kv, T_cache, d_k)
 
 
-def append_to_cache(cached: np.ndarray, new: np.ndarray, position: int, axis: int) -> np.ndarray:
+def append_to_cache(cached: Array, new: Array, position: int, axis: int) -> Array:
     """``cached`` holds positions 0 .. position - 1 along ``axis``; -> it with ``new`` after them.
 
     NumPy (and torch) grow the array: one concatenation per step, a copy of everything
@@ -160,8 +160,8 @@ class MultiHeadAttention(Module):
 
     def __init__(self, config: Config, dtype: str = "float32", rotary: bool | None = None):
         self.config = config
-        self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.kv_heads, config.d_k
-        d_q, d_kv, bias = config.num_heads * config.d_k, config.kv_heads * config.d_k, config.use_attention_bias
+        self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.num_kv_heads, config.d_k
+        d_q, d_kv, bias = config.num_heads * config.d_k, config.num_kv_heads * config.d_k, config.attention_bias
         self.w_q = Linear(config.d_model, d_q, bias, dtype)
         self.w_k = Linear(config.d_model, d_kv, bias, dtype)
         self.w_v = Linear(config.d_model, d_kv, bias, dtype)
@@ -171,23 +171,22 @@ class MultiHeadAttention(Module):
         self.rotary = RotaryEmbedding(config, dtype) if rotary else None
         self.dropout = Dropout(config.dropout)  # on the attention weights
 
-    def split_heads(self, x: np.ndarray) -> np.ndarray:
+    def split_heads(self, x: Array) -> Array:
         batch, seq_len, _ = x.shape
         x = x.reshape(batch, seq_len, -1, self.d_k)  # (B, T, H, d_k): H query or H_kv key/value heads
         return x.swapaxes(1, 2)  # (B, H, T, d_k)
 
-    def merge_heads(self, x: np.ndarray) -> np.ndarray:
+    def merge_heads(self, x: Array) -> Array:
         batch, _, seq_len, _ = x.shape
         x = x.swapaxes(1, 2)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, -1)  # (B, T, H * d_k)
 
     def check_inputs(
         self,
-        query: np.ndarray,
-        key: np.ndarray,
-        value: np.ndarray,
-        mask: np.ndarray | None = None,
-        need_weights: bool = False,
+        query: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None = None,
     ) -> None:
         """query (B, T_q, d_model), key and value (B, T_k, d_model) in the weights' dtype, mask
         broadcastable to the scores (B, H, T_q, T_k); checked here, before a fused kernel may take the call."""
@@ -197,17 +196,17 @@ class MultiHeadAttention(Module):
         if self.rotary is not None:  # queries and keys at positions 0 .. T - 1 of the rotary tables
             check_rows(0, max(query.shape[1], key.shape[1]), self.config.max_len)
 
-    @checks_inputs_once
     @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
     def __call__(
         self,
-        query: np.ndarray,
-        key: np.ndarray,
-        value: np.ndarray,
-        mask: np.ndarray | None = None,
+        query: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None = None,
         need_weights: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+    ) -> tuple[Array, Array | None]:
         """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
+        self.check_inputs(query, key, value, mask)  # shapes and dtypes: refused with a message
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
         k = self.split_heads(self.w_k(key))  # (B, H_kv, T_k, d_k)
         v = self.split_heads(self.w_v(value))  # (B, H_kv, T_k, d_k)
@@ -227,8 +226,8 @@ class MultiHeadAttention(Module):
         return output, (weights if need_weights else None)
 
     def backward(
-        self, grad_output: np.ndarray
-    ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], dict[str, np.ndarray]]:
+        self, grad_output: Array
+    ) -> tuple[tuple[Array, Array, Array], dict[str, Array]]:
         """grad_output (B, T_q, d_model) -> (grad_query, grad_key, grad_value), grads of w_q, w_k, w_v, w_o.
 
         Only the output is differentiated: the returned attention weights are a read-out."""
@@ -259,7 +258,7 @@ class MultiHeadAttention(Module):
         )
         return (grad_query, grad_key, grad_value), grads
 
-    def self_attention_backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict]:
+    def self_attention_backward(self, grad_output: Array) -> tuple[Array, dict]:
         """``backward`` for self-attention, where one x was the query, the key and the value:
         x's gradient is the sum of the three. -> grad_x (B, T, d_model), grads."""
         (grad_query, grad_key, grad_value), grads = self.backward(grad_output)  # (B, T, d_model) x3
@@ -269,7 +268,7 @@ class MultiHeadAttention(Module):
     # ``__call__`` split in two: the keys and values (what a cache keeps), and the attention
     # of new queries over them. Inference only: no backward.
 
-    def key_value(self, x: np.ndarray, position: int = 0) -> KeyValueCache:
+    def key_value(self, x: Array, position: int = 0) -> KeyValueCache:
         """x (B, T, d_model) at positions position .. position + T - 1 -> its keys and values,
         each (B, H_kv, T, d_k); the keys rotated by their positions when rotary."""
         k = self.split_heads(self.w_k(x))  # (B, H_kv, T, d_k)
@@ -282,7 +281,7 @@ class MultiHeadAttention(Module):
         empty = np.zeros((batch, self.num_kv_heads, 0, self.d_k), self.w_k.weight.dtype)  # (B, H_kv, 0, d_k)
         return KeyValueCache(empty, empty)
 
-    def extend_cache(self, cache: KeyValueCache, x: np.ndarray, position: int) -> KeyValueCache:
+    def extend_cache(self, cache: KeyValueCache, x: Array, position: int) -> KeyValueCache:
         """``cache`` of positions 0 .. position - 1, and x (B, T_new, d_model) at the next T_new
         positions -> the cache of positions 0 .. position + T_new - 1."""
         new = self.key_value(x, position)  # (B, H_kv, T_new, d_k) each
@@ -292,8 +291,8 @@ class MultiHeadAttention(Module):
 
     @fusable("attend")  # speed: a fused kernel may run instead (kernels.py)
     def attend(
-        self, query: np.ndarray, cache: KeyValueCache, mask: np.ndarray | None = None, position: int = 0
-    ) -> np.ndarray:
+        self, query: Array, cache: KeyValueCache, mask: Array | None = None, position: int = 0
+    ) -> Array:
         """query (B, T_q, d_model) at positions position .. position + T_q - 1 over cached keys and
         values (B, H_kv, T_k, d_k) -> (B, T_q, d_model).
 
@@ -316,8 +315,8 @@ class AttentionHead(Module):
         self.w_v = Linear(config.d_model, config.d_k, config.bias, dtype)
 
     def __call__(
-        self, query: np.ndarray, key: np.ndarray, value: np.ndarray, mask: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self, query: Array, key: Array, value: Array, mask: Array | None = None
+    ) -> tuple[Array, Array]:
         q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k): a head axis of size 1, so 4-D masks broadcast
         k = self.w_k(key)[:, None]  # (B, 1, T_k, d_k)
         v = self.w_v(value)[:, None]  # (B, 1, T_k, d_k)
@@ -341,12 +340,12 @@ class MultiHeadAttentionLoop(Module):
 
     def __call__(
         self,
-        query: np.ndarray,
-        key: np.ndarray,
-        value: np.ndarray,
-        mask: np.ndarray | None = None,
+        query: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None = None,
         need_weights: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+    ) -> tuple[Array, Array | None]:
         check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
         outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
         context = np.concatenate([c for c, _ in outputs], axis=-1)  # (B, T_q, d_model)

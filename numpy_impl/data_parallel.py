@@ -1,6 +1,6 @@
 """Data-parallel training, the reference: the global batch split into ``data_parallel`` shards,
 run one after the other on the one model, their gradients added up with each shard's loss
-weighted by its share of the GLOBAL count of non-pad targets (``transformer_spec.data_parallel``).
+weighted by its share of the GLOBAL count of non-pad targets (``transformer_run.data_parallel``).
 
 That sum is the gradient of the single-device loss on the whole batch, which is what
 torch_impl's DistributedDataParallel processes and jax_impl's sharded step compute too.
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from transformer_spec.data_parallel import batch_size, check_data_parallel, rank_seed, shard, shard_weights
-from transformer_spec.mixed_precision import check_compute_dtype
-from transformer_spec.train import train_loop
+from transformer_run.data_parallel import batch_size, check_data_parallel, rank_seed, shard, shard_weights
+from transformer_run.mixed_precision import check_compute_dtype
+from transformer_run.train import train_loop
 
 from .layers import seed_dropout
 from .optim import Adam
@@ -51,7 +51,7 @@ def data_parallel_train(
     compute_dtype: str | None = None,
 ) -> list[float]:
     """``train`` over ``data_parallel`` replicas: each step's gradients are those of the global
-    batch, summed over its shards; the loop is ``transformer_spec.train``'s. ``compute_dtype``:
+    batch, summed over its shards; the loop is ``transformer_run.train``'s. ``compute_dtype``:
     as ``train``'s (mixed precision)."""
     check_compute_dtype(compute_dtype)
     for batch in batches:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
+from numpy import ndarray as Array
 
 from transformer_spec import Config
 from transformer_spec.checks import check_hidden, check_same_batch
@@ -49,12 +49,12 @@ class DecoderLayer(Module):
 
     def __call__(
         self,
-        x: np.ndarray,
-        memory: np.ndarray | None = None,
-        tgt_mask: np.ndarray | None = None,
-        memory_mask: np.ndarray | None = None,
+        x: Array,
+        memory: Array | None = None,
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
         need_weights: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    ) -> tuple[Array, Array | None, Array | None]:
         """x (B, T_tgt, d_model), memory (B, T_src, d_model), tgt_mask (B|1, 1, T_tgt, T_tgt),
         memory_mask (B|1, 1, T_tgt|1, T_src) -> (B, T_tgt, d_model), self weights, cross weights."""
         check_hidden("x", x.shape, self.config.d_model)
@@ -86,7 +86,7 @@ class DecoderLayer(Module):
         record(self, "output", x)
         return x, self_weights, cross_weights
 
-    def backward(self, grad_output: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[tuple[Array, Array | None], dict[str, Array]]:
         """grad_output (B, T_tgt, d_model) -> (grad_x (B, T_tgt, d_model), grad_memory (B, T_src, d_model)
         or None without cross-attention), grads; the sub-layers in reverse order."""
         norm_first = self.config.norm_first
@@ -114,7 +114,7 @@ class DecoderLayer(Module):
         grads |= with_prefix("self_attn", self_attn_grads) | with_prefix("self_attn_norm", self_attn_norm_grads)
         return (grad_x, grad_memory), grads
 
-    def empty_cache(self, batch: int, memory: np.ndarray | None = None) -> LayerCache:
+    def empty_cache(self, batch: int, memory: Array | None = None) -> LayerCache:
         """Before the first step: no target token yet; the memory's (B, T_src, d_model) keys and
         values projected once here, not again at every step."""
         cross_cache = None
@@ -126,12 +126,12 @@ class DecoderLayer(Module):
 
     def step(
         self,
-        x: np.ndarray,
+        x: Array,
         cache: LayerCache,
         position: int,
-        tgt_mask: np.ndarray | None = None,
-        memory_mask: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, LayerCache]:
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
+    ) -> tuple[Array, LayerCache]:
         """``__call__`` for new tokens only. x (B, T_new, d_model): the tokens at positions
         position .. position + T_new - 1; ``cache``: this layer's keys and values of every
         earlier position; tgt_mask (B|1, 1, T_new, T_cache) over the cache *after* the new
@@ -140,7 +140,7 @@ class DecoderLayer(Module):
         check_float_inputs(("x",), (x,), self)
         norm_first = self.config.norm_first
 
-        def self_attention(h: np.ndarray) -> tuple[np.ndarray, KeyValueCache]:
+        def self_attention(h: Array) -> tuple[Array, KeyValueCache]:
             self_cache = self.self_attn.extend_cache(cache.self_attn, h, position)  # (B, H, T_cache, d_k) each
             return self.self_attn.attend(h, self_cache, tgt_mask, position), self_cache  # (B, T_new, d_model)
 
@@ -161,7 +161,7 @@ class DecoderLayer(Module):
         )  # (B, T_new, d_model)
         return x, LayerCache(self_cache, cache.cross_attn)
 
-    def _cross_attention_backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, tuple]:
+    def _cross_attention_backward(self, grad_output: Array) -> tuple[Array, tuple]:
         """-> grad_h (B, T_tgt, d_model), (grads, grad_memory (B, T_src, d_model))."""
         # (B, T_tgt, d_model), (B, T_src, d_model), (B, T_src, d_model)
         (grad_query, grad_key, grad_value), grads = self.cross_attn.backward(grad_output)  # (B, T, d_model) each
@@ -169,7 +169,7 @@ class DecoderLayer(Module):
         return grad_query, (grads, grad_key + grad_value)  # (B, T_tgt, d_model), (B, T_src, d_model)
 
 
-def _check_memory(memory: np.ndarray | None, x: np.ndarray, d_model: int) -> None:
+def _check_memory(memory: Array | None, x: Array, d_model: int) -> None:
     if memory is None:
         raise ValueError("this decoder has cross-attention and needs memory (the encoder output), got None")
     check_hidden("memory", memory.shape, d_model)
@@ -185,17 +185,17 @@ class Decoder(Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
         self.layers = [DecoderLayer(config, dtype) for _ in range(config.num_decoder_layers)]
-        self.norm = make_norm(config, dtype) if config.use_decoder_final_norm else None
+        self.norm = make_norm(config, dtype) if config.decoder_final_norm else None
 
     def __call__(
         self,
-        x: np.ndarray,
-        memory: np.ndarray | None = None,
-        tgt_mask: np.ndarray | None = None,
-        memory_mask: np.ndarray | None = None,
+        x: Array,
+        memory: Array | None = None,
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
         need_weights: bool = False,
         need_hidden_states: bool = False,
-    ) -> tuple[np.ndarray, tuple, tuple, tuple]:
+    ) -> tuple[Array, tuple, tuple, tuple]:
         """-> (output, hidden states, self-attention weights per layer, cross-attention weights per layer)."""
         hidden_states, self_attentions, cross_attentions = [x], [], []
         for layer in self.layers:
@@ -212,7 +212,7 @@ class Decoder(Module):
             cross_attentions = []
         return x, (tuple(hidden_states) if need_hidden_states else ()), tuple(self_attentions), tuple(cross_attentions)
 
-    def backward(self, grad_output: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[tuple[Array, Array | None], dict[str, Array]]:
         """grad_output (B, T_tgt, d_model) -> (grad_x (B, T_tgt, d_model), grad_memory (B, T_src, d_model)
         or None), grads of every layer and the final norm."""
         grads = {}
@@ -229,18 +229,18 @@ class Decoder(Module):
                 grad_memory = layer_grad_memory + earlier  # (B, T_src, d_model)
         return (grad_output, grad_memory), grads
 
-    def empty_cache(self, batch: int, memory: np.ndarray | None = None) -> tuple[LayerCache, ...]:
+    def empty_cache(self, batch: int, memory: Array | None = None) -> tuple[LayerCache, ...]:
         """One ``LayerCache`` per layer, before the first decoding step (see ``DecoderLayer.empty_cache``)."""
         return tuple(layer.empty_cache(batch, memory) for layer in self.layers)
 
     def step(
         self,
-        x: np.ndarray,
+        x: Array,
         cache: tuple[LayerCache, ...],
         position: int,
-        tgt_mask: np.ndarray | None = None,
-        memory_mask: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, tuple[LayerCache, ...]]:
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
+    ) -> tuple[Array, tuple[LayerCache, ...]]:
         """x (B, T_new, d_model) at positions position .. position + T_new - 1 -> the output at
         those positions (B, T_new, d_model), each layer's cache extended by them."""
         new_cache = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy import ndarray as Array
 
 from transformer_spec import Config
 from transformer_spec.checks import check_no_token_types, check_same_shape
@@ -28,11 +29,11 @@ class TokenEmbedding(Module):
         self.weight = np.zeros((vocab_size, d_model), dtype)
         self.scale = math.sqrt(d_model) if scale else 1.0
 
-    def __call__(self, ids: np.ndarray) -> np.ndarray:
+    def __call__(self, ids: Array) -> Array:
         self.keep(ids=ids)  # differs: numpy-autograd
         return self.weight[ids] * self.scale  # (B, T) -> (B, T, d_model)
 
-    def backward(self, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[None, dict[str, Array]]:
         """grad_output (B, T, d_model) -> {"weight": (vocab, d_model)}; the ids have no gradient."""
         ids = self.saved.ids  # (B, T)
         grad_weight = np.zeros_like(self.weight)  # (vocab, d_model): rows never looked up get 0
@@ -64,7 +65,7 @@ class Embeddings(Module):
         self.norm = make_norm(config, dtype) if config.embedding_norm else None
         self.dropout = Dropout(config.dropout)
 
-    def __call__(self, ids: np.ndarray, token_type_ids: np.ndarray | None = None, offset: int = 0) -> np.ndarray:
+    def __call__(self, ids: Array, token_type_ids: Array | None = None, offset: int = 0) -> Array:
         ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
         x = self.token(ids)  # (B, T, d_model)
         record(self, "token", x)
@@ -89,7 +90,7 @@ class Embeddings(Module):
         record(self, "output", x)
         return x
 
-    def backward(self, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[None, dict[str, Array]]:
         """grad_output (B, T, d_model) -> grads of the tables (and the norm); ids have no gradient."""
         grad_output, _ = self.dropout.backward(grad_output)  # (B, T, d_model)
         norm_grads = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
+from numpy import ndarray as Array
 
 from transformer_spec import Config
 from transformer_spec.checks import check_hidden
@@ -32,8 +32,8 @@ class EncoderLayer(Module):
         self.ffn_dropout = Dropout(config.dropout)
 
     def __call__(
-        self, x: np.ndarray, mask: np.ndarray | None = None, need_weights: bool = False
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+        self, x: Array, mask: Array | None = None, need_weights: bool = False
+    ) -> tuple[Array, Array | None]:
         """x (B, T, d_model), mask (B|1, 1, T|1, T) -> (B, T, d_model), weights (B, H, T, T)."""
         check_hidden("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
@@ -52,7 +52,7 @@ class EncoderLayer(Module):
         record(self, "output", x)
         return x, weights
 
-    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
         """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads; the sub-layers in reverse order."""
         norm_first = self.config.norm_first
         grad_x, ffn_norm_grads, ffn_grads = sublayer_connection_backward(
@@ -82,15 +82,15 @@ class Encoder(Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
         self.layers = [EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)]
-        self.norm = make_norm(config, dtype) if config.use_encoder_final_norm else None
+        self.norm = make_norm(config, dtype) if config.encoder_final_norm else None
 
     def __call__(
         self,
-        x: np.ndarray,
-        mask: np.ndarray | None = None,
+        x: Array,
+        mask: Array | None = None,
         need_weights: bool = False,
         need_hidden_states: bool = False,
-    ) -> tuple[np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    ) -> tuple[Array, tuple[Array, ...], tuple[Array, ...]]:
         """-> (output (B, T, d_model), hidden states (input + each layer's output), weights per layer)."""
         hidden_states, attentions = [x], []
         for layer in self.layers:
@@ -102,7 +102,7 @@ class Encoder(Module):
             x = self.norm(x)  # (B, T, d_model)
         return x, (tuple(hidden_states) if need_hidden_states else ()), (tuple(attentions) if need_weights else ())
 
-    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
         """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads of every layer and the final norm."""
         grads = {}
         if self.norm is not None:

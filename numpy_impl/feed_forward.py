@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy import ndarray as Array
 from scipy.special import erf, expit
 
 from transformer_spec import Config
-from transformer_spec.checks import check_features, checks_inputs_once
+from transformer_spec.checks import check_features
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -17,34 +18,34 @@ from .module import Module, with_prefix
 from .validate import check_float_inputs
 
 
-def relu(x: np.ndarray) -> np.ndarray:
+def relu(x: Array) -> Array:
     return np.where(x > 0, x, 0.0)  # (...,): (written so that its gradient at exactly 0 is 0, as torch's)
 
 
-def relu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
+def relu_backward(x: Array, grad_output: Array) -> Array:
     """d relu / dx = 1 where x > 0, else 0 (also at exactly 0, as torch)."""
     return np.where(x > 0, grad_output, 0.0)  # (...,)
 
 
 @fusable("gelu")  # speed: a fused kernel may run instead (kernels.py)
-def gelu(x: np.ndarray) -> np.ndarray:
+def gelu(x: Array) -> Array:
     """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu")."""
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))  # (...,)
 
 
-def gelu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
+def gelu_backward(x: Array, grad_output: Array) -> Array:
     """d/dx [x Phi(x)] = Phi(x) + x phi(x), with phi the standard normal density."""
     cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))  # (...,) Phi(x)
     pdf = np.exp(-0.5 * x**2) / math.sqrt(2.0 * math.pi)  # (...,) phi(x)
     return grad_output * (cdf + x * pdf)  # (...,)
 
 
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
+def gelu_tanh(x: Array) -> Array:
     """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact one."""
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # (...,)
 
 
-def gelu_tanh_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
+def gelu_tanh_backward(x: Array, grad_output: Array) -> Array:
     """With u = sqrt(2/pi) (x + 0.044715 x^3): d/dx [x (1 + tanh u) / 2]
     = (1 + tanh u) / 2 + x (1 - tanh^2 u) / 2 * sqrt(2/pi) (1 + 3 * 0.044715 x^2)."""
     tanh_u = np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))  # (...,)
@@ -52,12 +53,12 @@ def gelu_tanh_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
     return grad_output * (0.5 * (1.0 + tanh_u) + 0.5 * x * (1.0 - tanh_u**2) * du_dx)  # (...,)
 
 
-def silu(x: np.ndarray) -> np.ndarray:
+def silu(x: Array) -> Array:
     """SiLU (swish), x * sigmoid(x): the gate of Llama's SwiGLU (torch ``F.silu``, ``jax.nn.silu``)."""
     return x * expit(x)  # (...,): expit(x) = 1 / (1 + exp(-x)), without overflow for large -x
 
 
-def silu_backward(x: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
+def silu_backward(x: Array, grad_output: Array) -> Array:
     """d/dx [x s(x)] = s(x) + x s(x) (1 - s(x)), with s the sigmoid."""
     sigmoid = expit(x)  # (...,)
     return grad_output * sigmoid * (1.0 + x * (1.0 - sigmoid))  # (...,)
@@ -79,19 +80,19 @@ class PositionwiseFeedForward(Module):
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
-        self.w_1 = Linear(config.d_model, config.d_ff, config.use_ffn_bias, dtype)
-        self.w_2 = Linear(config.d_ff, config.d_model, config.use_ffn_bias, dtype)
+        self.w_1 = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
+        self.w_2 = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
         self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
-    def check_inputs(self, x: np.ndarray) -> None:
+    def check_inputs(self, x: Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
-    @checks_inputs_once
     @fusable("feed_forward")  # speed: a fused kernel may run instead (kernels.py)
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: Array) -> Array:
+        self.check_inputs(x)  # shapes and dtypes: refused with a message
         pre_activation = self.w_1(x)  # (B, T, d_model) -> (B, T, d_ff)
         hidden = self.activation(pre_activation)  # (B, T, d_ff)
         self.keep(pre_activation=pre_activation)  # differs: numpy-autograd
@@ -100,7 +101,7 @@ class PositionwiseFeedForward(Module):
         record(self, "output", output)
         return output
 
-    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
         """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads of w_1 and w_2."""
         pre_activation = self.saved.pre_activation  # (B, T, d_ff)
         grad_hidden, w_2_grads = self.w_2.backward(grad_output)  # (B, T, d_ff)
@@ -124,20 +125,20 @@ class GatedFeedForward(Module):
 
     def __init__(self, config: Config, dtype: str = "float32"):
         self.config = config
-        self.w_gate = Linear(config.d_model, config.d_ff, config.use_ffn_bias, dtype)
-        self.w_up = Linear(config.d_model, config.d_ff, config.use_ffn_bias, dtype)
-        self.w_down = Linear(config.d_ff, config.d_model, config.use_ffn_bias, dtype)
+        self.w_gate = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
+        self.w_up = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
+        self.w_down = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
         self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
-    def check_inputs(self, x: np.ndarray) -> None:
+    def check_inputs(self, x: Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
-    @checks_inputs_once
     @fusable("gated_feed_forward")  # speed: a fused kernel may run instead (kernels.py)
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: Array) -> Array:
+        self.check_inputs(x)  # shapes and dtypes: refused with a message
         gate = self.w_gate(x)  # (B, T, d_model) -> (B, T, d_ff)
         up = self.w_up(x)  # (B, T, d_model) -> (B, T, d_ff)
         hidden = self.activation(gate) * up  # (B, T, d_ff)
@@ -147,7 +148,7 @@ class GatedFeedForward(Module):
         record(self, "output", output)
         return output
 
-    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
         """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads of w_gate, w_up and w_down."""
         gate, up = self.saved.gate, self.saved.up  # (B, T, d_ff) each
         grad_hidden, w_down_grads = self.w_down.backward(grad_output)  # (B, T, d_ff)

@@ -1,6 +1,6 @@
-"""Decoding: the steppers that ``transformer_spec.decoding``'s greedy and beam search drive.
+"""Decoding: the steppers that ``transformer_run.decoding``'s greedy and beam search drive.
 
-The search itself is written once, in NumPy, in ``transformer_spec.decoding``; a backend
+The search itself is written once, in NumPy, in ``transformer_run.decoding``; a backend
 only supplies a *stepper* (start / step / reorder, see ``decoding.Stepper``) that turns the
 newest tokens into next-token logits. Two of them, which must give the same logits:
 
@@ -36,9 +36,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import numpy as np
+from numpy import ndarray as Array
 
-from transformer_spec.checks import inputs_checked
-from transformer_spec.decoding import (
+from transformer_run.decoding import (
     BeamResult,
     beam_search,
     check_decoding,
@@ -46,6 +46,7 @@ from transformer_spec.decoding import (
     greedy_decode,
     sample_decode,
 )
+from transformer_spec.checks import inputs_checked
 
 from .attention import append_to_cache
 from .decoder import LayerCache
@@ -56,19 +57,19 @@ class DecodingState(NamedTuple):
     """The cached stepper's state, N running sequences."""
 
     cache: tuple[LayerCache, ...]  # per decoder layer: keys/values (N, H, T_cache, d_k)
-    keep: np.ndarray  # (N, T_cache): True where the token fed at that position is not padding
-    memory_mask: np.ndarray | None  # (N, 1, 1, T_src) source padding; None when decoder-only
+    keep: Array  # (N, T_cache): True where the token fed at that position is not padding
+    memory_mask: Array | None  # (N, 1, 1, T_src) source padding; None when decoder-only
     offset: int  # the prompt's length: a step's ``position`` counts from after the prompt
 
 
 class PrefixState(NamedTuple):
     """The uncached stepper's state: everything needed to re-run the model from scratch."""
 
-    src_ids: np.ndarray  # (N, T_src): the source, or the decoder-only model's prompt (N, P)
-    tgt_ids: np.ndarray  # (N, T): the tokens fed so far, from <bos>
+    src_ids: Array  # (N, T_src): the source, or the decoder-only model's prompt (N, P)
+    tgt_ids: Array  # (N, T): the tokens fed so far, from <bos>
 
 
-def make_step_mask(keep: np.ndarray, position: int, num_new: int) -> np.ndarray:
+def make_step_mask(keep: Array, position: int, num_new: int) -> Array:
     """keep (N, T_cache) -> tgt_mask (N, 1, T_new, T_cache) for new tokens at positions
     position .. position + num_new - 1: each sees the cached positions up to its own, minus padding.
 
@@ -80,7 +81,7 @@ def make_step_mask(keep: np.ndarray, position: int, num_new: int) -> np.ndarray:
     return keep[:, None, None, :] & causal[None, None]  # (N, 1, 1, T_cache) & (1, 1, T_new, T_cache)
 
 
-def initial_cache(model: Any, src_ids: np.ndarray) -> tuple[tuple[LayerCache, ...], np.ndarray, np.ndarray | None]:
+def initial_cache(model: Any, src_ids: Array) -> tuple[tuple[LayerCache, ...], Array, Array | None]:
     """Before the first step -> (cache, keep, memory_mask): the encoder-decoder encodes its source
     and projects the memory's keys and values, once per layer; no target token is cached yet."""
     batch = src_ids.shape[0]
@@ -94,13 +95,13 @@ def initial_cache(model: Any, src_ids: np.ndarray) -> tuple[tuple[LayerCache, ..
 
 def decode_step(
     model: Any,
-    tokens: np.ndarray,
+    tokens: Array,
     cache: tuple[LayerCache, ...],
-    keep: np.ndarray,
-    memory_mask: np.ndarray | None,
+    keep: Array,
+    memory_mask: Array | None,
     position: int,
     project: bool = True,
-) -> tuple[np.ndarray | None, tuple[LayerCache, ...], np.ndarray]:
+) -> tuple[Array | None, tuple[LayerCache, ...], Array]:
     """tokens (N, T_new) at absolute positions position .. position + T_new - 1, the cache and
     ``keep`` (N, position) of every earlier one -> logits (N, T_new, V), both extended.
     ``project=False`` (a prompt filling the cache): no logits (None), the output projection
@@ -119,7 +120,7 @@ def decode_step(
     return logits, cache, keep
 
 
-def select_rows(tree: Any, rows: np.ndarray) -> Any:
+def select_rows(tree: Any, rows: Array) -> Any:
     """Every array in a (named) tuple tree, indexed by ``rows`` along its first (batch) axis."""
     if tree is None:
         return None
@@ -135,7 +136,7 @@ class CachedStepper:
     def __init__(self, model: Any):
         self.model = model
 
-    def start(self, src_ids: np.ndarray, max_new: int | None = None) -> DecodingState:
+    def start(self, src_ids: Array, max_new: int | None = None) -> DecodingState:
         """``max_new``: the steps to come (the cache grows by concatenation: no size to reserve)."""
         src_ids = _to_device(self.model, src_ids)  # (N, T_src), or the prompt (N, P)
         cache, keep, memory_mask = initial_cache(self.model, src_ids)
@@ -145,7 +146,7 @@ class CachedStepper:
         _, cache, keep = decode_step(self.model, src_ids, cache, keep, None, 0, False)  # None, ...
         return DecodingState(cache, keep, None, src_ids.shape[1])
 
-    def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:
+    def step(self, state: DecodingState, tokens: Array, position: int) -> tuple[Array, DecodingState]:
         check_position(position, state.offset, self.model.config.max_len)
         tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
         logits, cache, keep = decode_step(
@@ -153,7 +154,7 @@ class CachedStepper:
         )  # (N, 1, V), ...
         return _to_host(logits[:, -1]), state._replace(cache=cache, keep=keep)  # (N, V)
 
-    def reorder(self, state: DecodingState, rows: np.ndarray) -> DecodingState:
+    def reorder(self, state: DecodingState, rows: Array) -> DecodingState:
         rows = _to_device(self.model, rows)  # (N,)
         cache, keep, memory_mask = select_rows((state.cache, state.keep, state.memory_mask), rows)
         return state._replace(cache=cache, keep=keep, memory_mask=memory_mask)
@@ -165,11 +166,11 @@ class UncachedStepper:
     def __init__(self, model: Any):
         self.model = model
 
-    def start(self, src_ids: np.ndarray, max_new: int | None = None) -> PrefixState:
+    def start(self, src_ids: Array, max_new: int | None = None) -> PrefixState:
         src_ids = _to_device(self.model, src_ids)
         return PrefixState(src_ids, np.zeros((src_ids.shape[0], 0), src_ids.dtype))  # (N, 0)
 
-    def step(self, state: PrefixState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, PrefixState]:
+    def step(self, state: PrefixState, tokens: Array, position: int) -> tuple[Array, PrefixState]:
         if state.tgt_ids.shape[1] != position:
             raise ValueError(
                 f"{state.tgt_ids.shape[1]} tokens were fed so far, but the next is for position {position}"
@@ -181,19 +182,19 @@ class UncachedStepper:
             logits = self.model(np.concatenate([state.src_ids, tgt_ids], axis=1)).logits  # (N, P + position + 1, V)
         return _to_host(logits[:, -1]), PrefixState(state.src_ids, tgt_ids)  # (N, V)
 
-    def reorder(self, state: PrefixState, rows: np.ndarray) -> PrefixState:
+    def reorder(self, state: PrefixState, rows: Array) -> PrefixState:
         return select_rows(state, _to_device(self.model, rows))
 
 
 def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedStepper:
-    """A ``transformer_spec.decoding.Stepper`` for a ``Transformer`` or a ``TransformerLM``."""
+    """A ``transformer_run.decoding.Stepper`` for a ``Transformer`` or a ``TransformerLM``."""
     if not model.config.uses_decoder:
         raise ValueError(f"decoding needs a model with a decoder, got kind={model.config.kind!r}")
     return CachedStepper(model) if cached else UncachedStepper(model)
 
 
-def greedy(model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True) -> np.ndarray:
-    """Greedy decoding (``transformer_spec.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
+def greedy(model: Any, src_ids: Array, bos: int, eos: int, max_len: int, cached: bool = True) -> Array:
+    """Greedy decoding (``transformer_run.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
     from ``bos``, padded after ``eos``; see the module docstring."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
@@ -202,7 +203,7 @@ def greedy(model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, ca
 
 def beam(
     model: Any,
-    src_ids: np.ndarray,
+    src_ids: Array,
     bos: int,
     eos: int,
     max_len: int,
@@ -210,7 +211,7 @@ def beam(
     length_penalty: float = 1.0,
     cached: bool = True,
 ) -> BeamResult:
-    """Beam search (``transformer_spec.decoding.beam_search``) -> the best hypothesis per row and its score."""
+    """Beam search (``transformer_run.decoding.beam_search``) -> the best hypothesis per row and its score."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
     return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
@@ -218,7 +219,7 @@ def beam(
 
 def sample(
     model: Any,
-    src_ids: np.ndarray,
+    src_ids: Array,
     bos: int,
     eos: int,
     max_len: int,
@@ -227,19 +228,19 @@ def sample(
     top_p: float | None = None,
     seed: int = 0,
     cached: bool = True,
-) -> np.ndarray:
+) -> Array:
     """Sampling with temperature, top-k and top-p from a seeded NumPy generator
-    (``transformer_spec.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
+    (``transformer_run.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
     return sample_decode(stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id)
 
 
-def _to_device(model: Any, ids: np.ndarray) -> np.ndarray:
+def _to_device(model: Any, ids: Array) -> Array:
     """The search's ids (NumPy) -> this backend's array: NumPy's own."""
     return np.asarray(ids)  # differs: torch-device
 
 
-def _to_host(logits: np.ndarray) -> np.ndarray:
+def _to_host(logits: Array) -> Array:
     """This backend's logits -> the NumPy array the search reads: already one."""
     return logits  # differs: torch-device

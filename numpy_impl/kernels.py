@@ -31,7 +31,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from transformer_spec.checks import check_attention_inputs, check_attention_projections
 from transformer_spec.kernels import fusable_in, fused_kernels, fused_kernels_enabled, use_fused_kernels
 
 from .module import is_grad_enabled
@@ -76,7 +75,7 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     """``MultiHeadAttention.__call__`` one batch entry at a time, softmax in place."""
     if need_weights or is_grad_enabled() or (module.dropout.training and module.dropout.rate > 0):
         return NotImplemented  # the weights are wanted, kept for the backward, or dropped out
-    check_attention_projections(query.shape, key.shape, value.shape, module.config.d_model)
+    module.check_inputs(query, key, value, mask)  # as the forward it stands in for
     q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
     k = module.split_heads(module.w_k(key))  # (B, H_kv, T_k, d_k)
     v = module.split_heads(module.w_v(value))  # (B, H_kv, T_k, d_k)
@@ -85,8 +84,6 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     groups = module.num_heads // module.num_kv_heads
     if groups > 1:  # grouped-query attention: query head h reads kv head h // groups
         k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)  # (B, H, T_k, d_k) each
-    check_attention_inputs(q.shape, k.shape, v.shape)
-    check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
     context = np.empty_like(q)  # (B, H, T_q, d_k)
     scale = math.sqrt(q.shape[-1])
     for b in range(q.shape[0]):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy import ndarray as Array
 
 from transformer_spec import Config
-from transformer_spec.checks import check_features, checks_inputs_once
+from transformer_spec.checks import check_features
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -29,14 +30,14 @@ class LayerNorm(Module):
         self.weight = np.ones((config.d_model,), dtype)
         self.bias = np.zeros((config.d_model,), dtype) if config.bias else None
 
-    def check_inputs(self, x: np.ndarray) -> None:
+    def check_inputs(self, x: Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
-    @checks_inputs_once
     @fusable("layer_norm")  # speed: a fused kernel may run instead (kernels.py)
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: Array) -> Array:
+        self.check_inputs(x)  # shapes and dtypes: refused with a message
         mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (..., 1), biased
         std = np.sqrt(var + self.eps)  # (..., 1)
@@ -48,7 +49,7 @@ class LayerNorm(Module):
         record(self, "output", y)
         return y
 
-    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
         """grad_output (..., d_model) -> grad_x (..., d_model), {"weight": (d_model,), "bias": (d_model,)}."""
         x_hat, std = self.saved.x_hat, self.saved.std  # (..., d_model), (..., 1)
         leading = tuple(range(grad_output.ndim - 1))  # the axes the per-feature weight is shared over
@@ -80,14 +81,14 @@ class RMSNorm(Module):
         self.eps = float(config.layer_norm_eps)
         self.weight = np.ones((config.d_model,), dtype)
 
-    def check_inputs(self, x: np.ndarray) -> None:
+    def check_inputs(self, x: Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
-    @checks_inputs_once
     @fusable("rms_norm")  # speed: a fused kernel may run instead (kernels.py)
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: Array) -> Array:
+        self.check_inputs(x)  # shapes and dtypes: refused with a message
         rms = np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # (..., 1)
         x_hat = x / rms  # (..., d_model)
         y = x_hat * self.weight  # (..., d_model)
@@ -95,7 +96,7 @@ class RMSNorm(Module):
         record(self, "output", y)
         return y
 
-    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
         """grad_output (..., d_model) -> grad_x (..., d_model), {"weight": (d_model,)}."""
         x_hat, rms = self.saved.x_hat, self.saved.rms  # (..., d_model), (..., 1)
         leading = tuple(range(grad_output.ndim - 1))  # the axes the per-feature weight is shared over

@@ -9,6 +9,7 @@ hand-written backward.)
 from __future__ import annotations
 
 import numpy as np
+from numpy import ndarray as Array
 
 from .module import Module, named_submodules
 
@@ -20,7 +21,7 @@ class Linear(Module):
         self.weight = np.zeros((d_in, d_out), dtype)  # (d_in, d_out)
         self.bias = np.zeros((d_out,), dtype) if bias else None  # (d_out,)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:  # differs: framework-layers
+    def __call__(self, x: Array) -> Array:  # differs: framework-layers
         # All positions as the rows of one matrix: NumPy runs (B, T, d_in) @ W as B separate
         # BLAS calls, (B T, d_in) @ W as one big one (1.1-1.3x faster at BERT-base sizes).
         rows = x.reshape(-1, x.shape[-1])  # (N, d_in), N = the product of the leading dims
@@ -30,7 +31,7 @@ class Linear(Module):
         self.keep(x=x)  # (..., d_in): the only value the backward needs
         return y
 
-    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
         """grad_output (..., d_out) -> grad_x (..., d_in), {"weight": (d_in, d_out), "bias": (d_out,)}."""
         x = self.saved.x  # (..., d_in)
         # y = x W: dx = dy W^T
@@ -59,7 +60,7 @@ class Dropout(Module):
         self.training = True  # as a new torch nn.Module or nnx.Dropout: switch with model.eval()
         self.rng = np.random.default_rng(0)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: Array) -> Array:
         if not self.training or self.rate == 0:
             # differs: numpy-autograd
             self.keep(multiplier=None)  # nothing dropped
@@ -70,7 +71,7 @@ class Dropout(Module):
         self.keep(multiplier=multiplier)
         return x * multiplier  # (...,) like x
 
-    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict]:
+    def backward(self, grad_output: Array) -> tuple[Array, dict]:
         """The same multiplier: dropped elements pass no gradient, kept ones 1 / (1 - rate) of it."""
         multiplier = self.saved.multiplier  # (...,) like x, or None
         return (grad_output if multiplier is None else grad_output * multiplier), {}  # (...,) like x

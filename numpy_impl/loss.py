@@ -17,13 +17,14 @@ A batch with no such position has loss 0 (and zero gradients), not 0 / 0 = NaN.
 from __future__ import annotations
 
 import numpy as np
+from numpy import ndarray as Array
 
 from transformer_spec.checks import check_loss_inputs
 
 from .validate import check_token_ids
 
 
-def cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id: int, label_smoothing: float = 0.0) -> np.ndarray:
+def cross_entropy(logits: Array, targets: Array, pad_id: int, label_smoothing: float = 0.0) -> Array:
     """logits (B, T, V), targets (B, T) -> the mean loss over non-pad targets, a 0-d array."""
     check_loss_inputs(logits.shape, targets.shape, label_smoothing)
     check_token_ids("targets", targets, logits.shape[-1], None)
@@ -39,8 +40,8 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id: int, label_sm
 
 
 def cross_entropy_backward(
-    logits: np.ndarray, targets: np.ndarray, pad_id: int, label_smoothing: float = 0.0, grad_loss: float = 1.0
-) -> np.ndarray:
+    logits: Array, targets: Array, pad_id: int, label_smoothing: float = 0.0, grad_loss: float = 1.0
+) -> Array:
     """-> grad_logits (B, T, V): (p - q) / count at counted positions, 0 at padding.
 
     With q the smoothed target distribution (1 - eps) onehot(y) + eps / V, loss_t is

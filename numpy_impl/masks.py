@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy import ndarray as Array
 
 
-def make_padding_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
+def make_padding_mask(ids: Array, pad_id: int) -> Array:
     """(B, T) ids -> (B, 1, 1, T): every query may look at every non-pad key."""
     return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, T)
 
 
-def make_causal_mask(seq_len: int) -> np.ndarray:
+def make_causal_mask(seq_len: int) -> Array:
     """(1, 1, T, T), lower triangular: position i may look at positions 0..i only."""
     return np.tril(np.ones((seq_len, seq_len), dtype=bool))[None, None, :, :]  # (1, 1, T, T)
 
 
-def make_decoder_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
+def make_decoder_mask(ids: Array, pad_id: int) -> Array:
     """Decoder self-attention: causal AND key not padding -> (B, 1, T, T)."""
     return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1])  # (B, 1, T, T)
 
@@ -29,10 +30,10 @@ def make_target_mask(tgt_ids, pad_id: int):
     return keep[:, None, None, :] & make_causal_mask(tgt_ids.shape[1])  # (B, 1, T, T)
 
 
-def make_cross_attention_mask(src_ids: np.ndarray, pad_id: int) -> np.ndarray:
+def make_cross_attention_mask(src_ids: Array, pad_id: int) -> Array:
     """Decoder queries over encoder keys: hide the *source* padding -> (B, 1, 1, T_src).
 
     It broadcasts over the T_tgt query rows; its last axis is the source length, not
-    the target length (the mismatch the seeds' decoder tripped on).
+    the target length (the mismatch the from-scratch tutorial's decoder stopped on).
     """
     return make_padding_mask(src_ids, pad_id)  # (B, 1, 1, T_src)

@@ -4,7 +4,7 @@ NumPy has no autocast and no compute dtype. ``ml_dtypes`` gives it a bfloat16 dt
 NumPy's own promotion rules (bf16 * 2.0 is float32, bf16 @ bf16 is float32), which are neither
 torch's nor JAX's. So the model's weights are swapped, for the duration of the pass, for views
 of class ``Bf16Compute``: an array whose every op computes in float32 and rounds its result to the
-dtype the frameworks give it (transformer_spec.mixed_precision has the two policies):
+dtype the frameworks give it (transformer_run.mixed_precision has the two policies):
 
 - a matmul rounds its operands to bf16, accumulates in float32 and returns bf16 (torch.autocast's
   and XLA's bf16 GEMM);
@@ -25,11 +25,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from transformer_run.batches import split_batch
+from transformer_run.mixed_precision import check_compute_dtype, check_master_dtype, check_policy
 from transformer_spec import param_schema
-from transformer_spec.batches import split_batch
 from transformer_spec.checks import inputs_checked
 from transformer_spec.kernels import fused_kernels
-from transformer_spec.mixed_precision import check_compute_dtype, check_master_dtype, check_policy
 
 from .layers import Linear
 from .loss import cross_entropy, cross_entropy_backward
@@ -148,7 +148,7 @@ def mixed_precision_logits(model, *inputs, compute_dtype: str = "bfloat16", poli
     check_compute_dtype(compute_dtype)
     checked = model.check_inputs(*inputs)  # on the float32 model, before any weight is swapped
     with compute_in_bf16(model, policy), inputs_checked():
-        logits = model(**checked).logits  # (B, T, V)
+        logits = model(*checked).logits  # (B, T, V)
     return np.asarray(_plain(logits)).astype(np.float32)
 
 
@@ -167,7 +167,7 @@ def mixed_precision_loss_and_grads(
     targets = np.asarray(targets)  # (B, T)
     with compute_in_bf16(model, policy), inputs_checked():
         with enable_grad():  # every module keeps what its backward needs
-            logits = np.asarray(_plain(model(**checked).logits)).astype(np.float32)  # (B, T, V)
+            logits = np.asarray(_plain(model(*checked).logits)).astype(np.float32)  # (B, T, V)
         loss = cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # (), in float32
         grad_logits = cross_entropy_backward(logits, targets, model.config.pad_id, label_smoothing)  # (B, T, V)
         _, grads = model.backward(grad_logits.view(Bf16Compute))

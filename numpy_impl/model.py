@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy import ndarray as Array
 
 from transformer_spec import Config, ModelOutput
 from transformer_spec.checks import (
@@ -10,7 +11,6 @@ from transformer_spec.checks import (
     check_no_token_types,
     check_same_batch,
     check_same_shape,
-    checks_inputs_once,
 )
 from transformer_spec.trace import record
 
@@ -36,7 +36,7 @@ class Generator(Module):
         bias = np.zeros((vocab,), dtype) if config.final_logits_bias else None  # (V,)
         self.logits_bias = bias
 
-    def __call__(self, x: np.ndarray, embedding: np.ndarray) -> np.ndarray:
+    def __call__(self, x: Array, embedding: Array) -> Array:
         if self.proj is None:
             logits = x @ embedding.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
         else:
@@ -47,7 +47,7 @@ class Generator(Module):
         record(self, "logits", logits)
         return logits
 
-    def backward(self, grad_output: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray | None], dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[tuple[Array, Array | None], dict[str, Array]]:
         """grad_output (B, T, V) -> (grad_x (B, T, d_model), grad_embedding (V, d_model) when tied, else None),
         grads of the projection (none when tied: the model adds grad_embedding to the embedding's)."""
         leading = tuple(range(grad_output.ndim - 1))  # every position: the bias is added to each
@@ -92,12 +92,9 @@ class Transformer(Module):
         x = self.tgt_embed(tgt_ids)  # (B, T_tgt, d_model)
         return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)  # (B, T_tgt, d), ...
 
-    def check_inputs(
-        self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None, return_attentions=False,
-        return_hidden_states=False,
-    ) -> dict:  # fmt: skip
-        """Every input, checked once, in the order the forward meets them; the submodules trust them.
-        -> the arguments by name, as this backend's arrays (lists, tuples, other frameworks' arrays converted)."""
+    def check_inputs(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None) -> tuple:
+        """Every input, checked in the order the forward meets them -> the same inputs as this
+        backend's arrays (lists, tuples and other frameworks' arrays converted)."""
         src_ids = token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len, self)  # (B, T_src)
         tgt_ids = token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len, self)  # (B, T_tgt)
         (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
@@ -106,25 +103,23 @@ class Transformer(Module):
         memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
         check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
         memory_mask = attention_mask("memory_mask", memory_mask, (b_tgt, heads, t_tgt, t_src), self)
-        return {
-            "src_ids": src_ids, "tgt_ids": tgt_ids, "src_mask": src_mask, "tgt_mask": tgt_mask,
-            "memory_mask": memory_mask, "return_attentions": return_attentions,
-            "return_hidden_states": return_hidden_states,
-        }  # fmt: skip
+        return src_ids, tgt_ids, src_mask, tgt_mask, memory_mask
 
-    @checks_inputs_once
     def __call__(
         self,
-        src_ids: np.ndarray,
-        tgt_ids: np.ndarray,
-        src_mask: np.ndarray | None = None,
-        tgt_mask: np.ndarray | None = None,
-        memory_mask: np.ndarray | None = None,
+        src_ids: Array,
+        tgt_ids: Array,
+        src_mask: Array | None = None,
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
         """Masks left as None are built from the ids and ``config.pad_id``: source padding for
         the encoder and for cross-attention, causal AND target padding for the decoder."""
+        src_ids, tgt_ids, src_mask, tgt_mask, memory_mask = self.check_inputs(
+            src_ids, tgt_ids, src_mask, tgt_mask, memory_mask
+        )  # checked once, here; lists and other frameworks' arrays converted
         memory, encoder_hidden, encoder_attentions = self.encode(
             src_ids, src_mask, return_attentions, return_hidden_states
         )  # (B, T_src, d_model), ...
@@ -144,7 +139,7 @@ class Transformer(Module):
             encoder_attentions=encoder_attentions,
         )
 
-    def backward(self, grad_logits: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_logits: Array) -> tuple[None, dict[str, Array]]:
         """grad_logits (B, T_tgt, tgt_vocab) -> (None: ids have no gradient, a gradient for every
         parameter, named as in ``param_schema``). The forward pass, run backwards."""
         # (B, T_tgt, d_model), and (tgt_vocab, d_model) when the output is tied to the target table
@@ -179,22 +174,21 @@ class TransformerLM(Module):
         self.generator = Generator(config, dtype)
         seed_dropout(self, 0)  # differs: dropout-streams
 
-    def check_inputs(self, ids, mask=None, return_attentions=False, return_hidden_states=False) -> dict:
-        """Every input, checked once; the submodules trust them. -> the arguments by name, converted."""
+    def check_inputs(self, ids, mask=None) -> tuple:
+        """Every input, checked -> the same inputs as this backend's arrays (see Transformer's)."""
         ids = token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len, self)  # (B, T)
         batch, seq_len = ids.shape
         mask = attention_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len), self)
-        return {"ids": ids, "mask": mask, "return_attentions": return_attentions,
-                "return_hidden_states": return_hidden_states}  # fmt: skip
+        return ids, mask
 
-    @checks_inputs_once
     def __call__(
         self,
-        ids: np.ndarray,
-        mask: np.ndarray | None = None,
+        ids: Array,
+        mask: Array | None = None,
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
+        ids, mask = self.check_inputs(ids, mask)  # checked once, here; lists and other arrays converted
         if mask is None:
             mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
         x, hidden, attentions, _ = self.decoder(
@@ -207,7 +201,7 @@ class TransformerLM(Module):
             attentions=attentions,
         )
 
-    def backward(self, grad_logits: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_logits: Array) -> tuple[None, dict[str, Array]]:
         """grad_logits (B, T, tgt_vocab) -> (None: ids have no gradient, a gradient for every
         parameter, named as in ``param_schema``)."""
         # (B, T, d_model), and (tgt_vocab, d_model) when the output is tied to the table
@@ -232,7 +226,7 @@ class Pooler(Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.proj = Linear(config.d_model, config.d_model, config.bias, dtype)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: Array) -> Array:
         pooled = np.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
         record(self, "output", pooled)
         return pooled
@@ -251,10 +245,8 @@ class TransformerEncoderModel(Module):
         self.pooler = Pooler(config, dtype) if config.pooler else None
         seed_dropout(self, 0)  # differs: dropout-streams
 
-    def check_inputs(
-        self, ids, token_type_ids=None, mask=None, return_attentions=False, return_hidden_states=False
-    ) -> dict:
-        """Every input, checked once; the submodules trust them. -> the arguments by name, converted."""
+    def check_inputs(self, ids, token_type_ids=None, mask=None) -> tuple:
+        """Every input, checked -> the same inputs as this backend's arrays (see Transformer's)."""
         ids = token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len, self)  # (B, T)
         if self.src_embed.token_type is None:
             if token_type_ids is not None:
@@ -264,18 +256,17 @@ class TransformerEncoderModel(Module):
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
         batch, seq_len = ids.shape
         mask = attention_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len), self)
-        return {"ids": ids, "token_type_ids": token_type_ids, "mask": mask, "return_attentions": return_attentions,
-                "return_hidden_states": return_hidden_states}  # fmt: skip
+        return ids, token_type_ids, mask
 
-    @checks_inputs_once
     def __call__(
         self,
-        ids: np.ndarray,
-        token_type_ids: np.ndarray | None = None,
-        mask: np.ndarray | None = None,
+        ids: Array,
+        token_type_ids: Array | None = None,
+        mask: Array | None = None,
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
+        ids, token_type_ids, mask = self.check_inputs(ids, token_type_ids, mask)  # checked once, here
         if mask is None:
             mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         x, hidden, attentions = self.encoder(

@@ -4,7 +4,7 @@
     m_hat = m / (1 - b1^t)            v_hat = v / (1 - b2^t)
     p <- p - lr_t * m_hat / (sqrt(v_hat) + eps)
 
-``lr_t = schedule(t)`` with t = 1, 2, ... (transformer_spec.schedules). The paper uses
+``lr_t = schedule(t)`` with t = 1, 2, ... (transformer_run.schedules). The paper uses
 b1 = 0.9, b2 = 0.98, eps = 1e-9 (section 5.3).
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy import ndarray as Array
 
 from transformer_spec import Config
 from transformer_spec.checks import check_rows
@@ -12,7 +13,7 @@ from transformer_spec.checks import check_rows
 from .module import Module
 
 
-def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved") -> np.ndarray:
+def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved") -> Array:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
 
     Written so that an odd d_model works: there are ceil(d/2) sine columns but only
@@ -41,11 +42,11 @@ class SinusoidalPositionalEncoding(Module):
         pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)  # (max_len, d_model)
         self.pe = pe
 
-    def __call__(self, seq_len: int, offset: int = 0) -> np.ndarray:
+    def __call__(self, seq_len: int, offset: int = 0) -> Array:
         check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
         return self.pe[offset : offset + seq_len]  # (T, d_model)
 
-    def backward(self, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[None, dict[str, Array]]:
         """A constant of the positions: no parameters, and integer positions have no gradient."""
         return None, {}
 
@@ -56,12 +57,12 @@ class LearnedPositionalEmbedding(Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         self.weight = np.zeros((config.max_len, config.d_model), dtype)
 
-    def __call__(self, seq_len: int, offset: int = 0) -> np.ndarray:
+    def __call__(self, seq_len: int, offset: int = 0) -> Array:
         check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
         self.keep(seq_len=seq_len, offset=offset)  # differs: numpy-autograd
         return self.weight[offset : offset + seq_len]  # (T, d_model)
 
-    def backward(self, grad_output: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[None, dict[str, Array]]:
         """grad_output (T, d_model) -> {"weight": (max_len, d_model)}: the rows read get it, the others 0."""
         seq_len, offset = self.saved.seq_len, self.saved.offset
         grad_weight = np.zeros_like(self.weight)  # (max_len, d_model)
@@ -69,7 +70,7 @@ class LearnedPositionalEmbedding(Module):
         return None, {"weight": grad_weight}
 
 
-def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
+def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") -> tuple[Array, Array]:
     """-> cos, sin (max_len, d_k / 2) of the angles pos * theta^(-2i / d_k), i = 0 .. d_k/2 - 1.
 
     Pair i turns once every 2 pi theta^(2i/d_k) positions: the first pair fastest (one radian
@@ -81,7 +82,7 @@ def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") 
     return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)  # (max_len, d_k / 2) each
 
 
-def rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, layout: str) -> np.ndarray:
+def rotate_pairs(x: Array, cos: Array, sin: Array, layout: str) -> Array:
     """Each pair (x1, x2) of x's last axis -> (x1 cos - x2 sin, x2 cos + x1 sin): a 2-D rotation.
 
     ``layout`` says which features pair up: "halves", i and i + d_k/2 (HF's ``rotate_half``);
@@ -110,7 +111,7 @@ class RotaryEmbedding(Module):
         self.cos = cos
         self.sin = sin
 
-    def __call__(self, x: np.ndarray, offset: int = 0) -> np.ndarray:
+    def __call__(self, x: Array, offset: int = 0) -> Array:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
         check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist
@@ -119,7 +120,7 @@ class RotaryEmbedding(Module):
         self.keep(offset=offset)  # differs: numpy-autograd
         return rotate_pairs(x, cos, sin, self.layout)  # (B, H, T, d_k)
 
-    def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
         """grad_output (B, H, T, d_k) -> grad_x: a rotation's gradient is the rotation back (its
         transpose), by -angle. No parameters. (Called for queries and keys alike: both kept the
         same offset.)"""

@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
+from numpy import ndarray as Array
 
 from .layer_norm import LayerNorm
 from .layers import Dropout
 
 
 def sublayer_connection(
-    x: np.ndarray,
-    sublayer: Callable[[np.ndarray], tuple[np.ndarray, Any]],
+    x: Array,
+    sublayer: Callable[[Array], tuple[Array, Any]],
     norm: LayerNorm,
     norm_first: bool,
     dropout: Dropout | None = None,
-) -> tuple[np.ndarray, Any]:
+) -> tuple[Array, Any]:
     """Post-norm (the paper): LayerNorm(x + Dropout(sublayer(x))). Pre-norm: x + Dropout(sublayer(LayerNorm(x))).
 
     ``sublayer`` returns (output, extra), the extra being attention weights or None.
@@ -36,12 +36,12 @@ def sublayer_connection(
 
 
 def sublayer_connection_backward(
-    grad_output: np.ndarray,
-    sublayer_backward: Callable[[np.ndarray], tuple[np.ndarray, Any]],
+    grad_output: Array,
+    sublayer_backward: Callable[[Array], tuple[Array, Any]],
     norm: LayerNorm,
     norm_first: bool,
     dropout: Dropout | None = None,
-) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
+) -> tuple[Array, dict[str, Array], Any]:
     """grad_output (B, T, d_model) -> (grad_x (B, T, d_model), the norm's grads, the sublayer's rest).
 
     Each module of the connection kept what its backward needs in its forward call.

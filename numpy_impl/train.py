@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from transformer_run.mixed_precision import check_compute_dtype
+from transformer_run.train import TrainingState, train_loop
 from transformer_spec import param_schema
-from transformer_spec.mixed_precision import check_compute_dtype
-from transformer_spec.train import TrainingState, train_loop
 
 from .layers import Dropout, seed_dropout
 from .module import named_submodules
@@ -29,7 +29,7 @@ def train_step(
     label_smoothing: float = 0.0,
     compute_dtype: str | None = None,
 ) -> float:
-    """One update on ``batch`` (see transformer_spec.batches); returns the loss before it.
+    """One update on ``batch`` (see transformer_run.batches); returns the loss before it.
     ``compute_dtype="bfloat16"``: the passes in bf16, the weights and Adam in float32 (mixed_precision.py)."""
     loss, grads = loss_and_grads(model, batch, label_smoothing, compute_dtype)
     optimizer.step(grads)
@@ -53,7 +53,7 @@ def train(
     returns the loss of every step. The loop itself (training mode with dropout drawn from
     ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
     ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
-    is ``transformer_spec.train``'s. ``compute_dtype="bfloat16"``: mixed precision (mixed_precision.py)."""
+    is ``transformer_run.train``'s. ``compute_dtype="bfloat16"``: mixed precision (mixed_precision.py)."""
     check_compute_dtype(compute_dtype)
     optimizer = Adam(model, schedule)
     step = train_step if compute_dtype is None else functools.partial(train_step, compute_dtype=compute_dtype)

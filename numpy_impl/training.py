@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from numpy import ndarray as Array
 
+from transformer_run.batches import split_batch
 from transformer_spec import param_schema
-from transformer_spec.batches import split_batch
 
 from .loss import cross_entropy, cross_entropy_backward
 from .mixed_precision import mixed_precision_loss_and_grads
@@ -22,11 +23,11 @@ from .module import enable_grad
 
 
 def loss_and_grads(
-    model: Any, batch: Mapping[str, np.ndarray], label_smoothing: float = 0.0, compute_dtype: str | None = None
-) -> tuple[float, dict[str, np.ndarray]]:
+    model: Any, batch: Mapping[str, Array], label_smoothing: float = 0.0, compute_dtype: str | None = None
+) -> tuple[float, dict[str, Array]]:
     """-> (the cross-entropy of ``batch``, {canonical parameter name: gradient}).
 
-    ``batch``: see ``transformer_spec.batches`` ({"src_ids", "tgt_in", "tgt_out"} for the
+    ``batch``: see ``transformer_run.batches`` ({"src_ids", "tgt_in", "tgt_out"} for the
     encoder-decoder, {"ids", "targets"} for the decoder-only LM). The gradients have the
     canonical names and [in, out] layout of ``param_schema``, in its order.
     ``compute_dtype="bfloat16"``: the passes in bf16, float32 gradients (mixed_precision.py).

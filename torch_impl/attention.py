@@ -6,6 +6,7 @@ import math
 from typing import NamedTuple
 
 import torch
+from torch import Tensor as Array
 from torch import nn
 
 from transformer_spec import Config
@@ -13,7 +14,6 @@ from transformer_spec.checks import (
     check_attention_inputs,
     check_attention_projections,
     check_rows,
-    checks_inputs_once,
 )
 from transformer_spec.trace import record
 
@@ -23,7 +23,7 @@ from .positional import RotaryEmbedding
 from .validate import check_float_inputs, check_mask
 
 
-def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def masked_softmax(scores: Array, mask: Array | None) -> Array:
     """Softmax over the last axis, over allowed keys only.
 
     Masked scores become -inf, so their weight is exp(-inf) = 0 *exactly* (a finite
@@ -34,20 +34,20 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     """
     if mask is not None:
         scores = scores.masked_fill(~mask, -math.inf)  # (..., T_q, T_k)
-    row_max = scores.amax(dim=-1, keepdim=True)  # (..., T_q, 1); -inf where nothing is allowed
+    row_max = scores.amax(axis=-1, keepdims=True)  # (..., T_q, 1); -inf where nothing is allowed
     row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1): subtracting the max avoids overflow
     exp = torch.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
-    total = exp.sum(dim=-1, keepdim=True)  # (..., T_q, 1)
+    total = exp.sum(axis=-1, keepdims=True)  # (..., T_q, 1)
     return exp / torch.where(total > 0, total, 1.0)  # (..., T_q, T_k): empty rows: 0 / 1 = 0, not 0 / 0
 
 
 def scaled_dot_product_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None = None,
     dropout: Dropout | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[Array, Array]:
     """softmax(q k^T / sqrt(d_k)) v -> (context (..., T_q, d_v), weights (..., T_q, T_k)).
 
     Dividing by sqrt(d_k) keeps the scores' variance near 1 when q and k have unit
@@ -59,7 +59,7 @@ def scaled_dot_product_attention(
     """
     check_attention_inputs(q.shape, k.shape, v.shape)
     check_float_inputs(("q", "k", "v"), (q, k, v))
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
     check_mask("mask", mask, tuple(scores.shape))
     record(None, "scores", scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
@@ -68,7 +68,7 @@ def scaled_dot_product_attention(
     return used @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
 
 
-def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+def repeat_kv(x: Array, groups: int) -> Array:
     """Grouped-query attention: x (B, H_kv, T, d_k) -> (B, H_kv * groups, T, d_k), each key/value
     head repeated for the ``groups`` query heads that share it: query head h reads kv head
     h // groups (HF's ``repeat_kv``). Tiling instead (h % H_kv) runs and gives nonsense with
@@ -82,11 +82,11 @@ class KeyValueCache(NamedTuple):
     """One attention layer's keys and values, already projected and split into heads, kept
     between decoding steps so that a step projects only its new tokens."""
 
-    k: torch.Tensor  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
-    v: torch.Tensor  # (B, H_kv, T_cache, d_k)
+    k: Array  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
+    v: Array  # (B, H_kv, T_cache, d_k)
 
 
-def append_to_cache(cached: torch.Tensor, new: torch.Tensor, position: int, axis: int) -> torch.Tensor:
+def append_to_cache(cached: Array, new: Array, position: int, axis: int) -> Array:
     """``cached`` holds positions 0 .. position - 1 along ``axis``; -> it with ``new`` after them.
 
     torch (like NumPy) grows the tensor: one concatenation per step, a copy of everything
@@ -114,8 +114,8 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, config: Config, dtype: str = "float32", rotary: bool | None = None):
         super().__init__()
         self.config = config
-        self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.kv_heads, config.d_k
-        d_q, d_kv, bias = config.num_heads * config.d_k, config.kv_heads * config.d_k, config.use_attention_bias
+        self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.num_kv_heads, config.d_k
+        d_q, d_kv, bias = config.num_heads * config.d_k, config.num_kv_heads * config.d_k, config.attention_bias
         self.w_q = Linear(config.d_model, d_q, bias, dtype)
         self.w_k = Linear(config.d_model, d_kv, bias, dtype)
         self.w_v = Linear(config.d_model, d_kv, bias, dtype)
@@ -125,23 +125,22 @@ class MultiHeadAttention(nn.Module):
         self.rotary = RotaryEmbedding(config, dtype) if rotary else None
         self.dropout = Dropout(config.dropout)  # on the attention weights
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def split_heads(self, x: Array) -> Array:
         batch, seq_len, _ = x.shape
         x = x.reshape(batch, seq_len, -1, self.d_k)  # (B, T, H, d_k): H query or H_kv key/value heads
-        return x.transpose(1, 2)  # (B, H, T, d_k)
+        return x.swapaxes(1, 2)  # (B, H, T, d_k)
 
-    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def merge_heads(self, x: Array) -> Array:
         batch, _, seq_len, _ = x.shape
-        x = x.transpose(1, 2)  # (B, T, H, d_k)
+        x = x.swapaxes(1, 2)  # (B, T, H, d_k)
         return x.reshape(batch, seq_len, -1)  # (B, T, H * d_k)
 
     def check_inputs(
         self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        need_weights: bool = False,
+        query: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None = None,
     ) -> None:
         """query (B, T_q, d_model), key and value (B, T_k, d_model) in the weights' dtype, mask
         broadcastable to the scores (B, H, T_q, T_k); checked here, before a fused kernel may take the call."""
@@ -151,17 +150,17 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None:  # queries and keys at positions 0 .. T - 1 of the rotary tables
             check_rows(0, max(query.shape[1], key.shape[1]), self.config.max_len)
 
-    @checks_inputs_once
     @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
     def forward(
         self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        query: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None = None,
         need_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[Array, Array | None]:
         """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
+        self.check_inputs(query, key, value, mask)  # shapes and dtypes: refused with a message
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
         k = self.split_heads(self.w_k(key))  # (B, H_kv, T_k, d_k)
         v = self.split_heads(self.w_v(value))  # (B, H_kv, T_k, d_k)
@@ -183,7 +182,7 @@ class MultiHeadAttention(nn.Module):
     # ``forward`` split in two: the keys and values (what a cache keeps), and the attention
     # of new queries over them.
 
-    def key_value(self, x: torch.Tensor, position: int = 0) -> KeyValueCache:
+    def key_value(self, x: Array, position: int = 0) -> KeyValueCache:
         """x (B, T, d_model) at positions position .. position + T - 1 -> its keys and values,
         each (B, H_kv, T, d_k); the keys rotated by their positions when rotary."""
         k = self.split_heads(self.w_k(x))  # (B, H_kv, T, d_k)
@@ -200,7 +199,7 @@ class MultiHeadAttention(nn.Module):
         )  # (B, H_kv, 0, d_k)
         return KeyValueCache(empty, empty)  # (B, H_kv, 0, d_k) each
 
-    def extend_cache(self, cache: KeyValueCache, x: torch.Tensor, position: int) -> KeyValueCache:
+    def extend_cache(self, cache: KeyValueCache, x: Array, position: int) -> KeyValueCache:
         """``cache`` of positions 0 .. position - 1, and x (B, T_new, d_model) at the next T_new
         positions -> the cache of positions 0 .. position + T_new - 1."""
         new = self.key_value(x, position)  # (B, H_kv, T_new, d_k) each
@@ -210,8 +209,8 @@ class MultiHeadAttention(nn.Module):
 
     @fusable("attend")  # speed: a fused kernel may run instead (kernels.py)
     def attend(
-        self, query: torch.Tensor, cache: KeyValueCache, mask: torch.Tensor | None = None, position: int = 0
-    ) -> torch.Tensor:
+        self, query: Array, cache: KeyValueCache, mask: Array | None = None, position: int = 0
+    ) -> Array:
         """query (B, T_q, d_model) at positions position .. position + T_q - 1 over cached keys and
         values (B, H_kv, T_k, d_k) -> (B, T_q, d_model).
 
@@ -226,7 +225,7 @@ class MultiHeadAttention(nn.Module):
 
 
 class AttentionHead(nn.Module):
-    """One head as the seeds write it: its own Linear(d_model, d_k) for q, k and v."""
+    """One head as the PyTorch tutorials write it: its own Linear(d_model, d_k) for q, k and v."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
@@ -235,8 +234,8 @@ class AttentionHead(nn.Module):
         self.w_v = Linear(config.d_model, config.d_k, config.bias, dtype)
 
     def forward(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, query: Array, key: Array, value: Array, mask: Array | None = None
+    ) -> tuple[Array, Array]:
         q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k): a head axis of size 1, so 4-D masks broadcast
         k = self.w_k(key)[:, None]  # (B, 1, T_k, d_k)
         v = self.w_v(value)[:, None]  # (B, 1, T_k, d_k)
@@ -245,7 +244,7 @@ class AttentionHead(nn.Module):
 
 
 class MultiHeadAttentionLoop(nn.Module):
-    """The seeds' multi-head attention: a Python list of heads, concatenated, then w_o.
+    """The tutorials' multi-head attention: a Python list of heads, concatenated, then w_o.
 
     Mathematically the same as :class:`MultiHeadAttention` given the same weights
     (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one.
@@ -261,12 +260,12 @@ class MultiHeadAttentionLoop(nn.Module):
 
     def forward(
         self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        query: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None = None,
         need_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[Array, Array | None]:
         check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
         outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
         context = torch.cat([c for c, _ in outputs], dim=-1)  # (B, T_q, d_model)

@@ -34,9 +34,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from transformer_spec import param_schema, parent_of
-from transformer_spec.batches import split_batch
-from transformer_spec.data_parallel import (
+from transformer_run.batches import split_batch
+from transformer_run.data_parallel import (
     batch_size,
     check_data_parallel,
     rank_seed,
@@ -44,8 +43,9 @@ from transformer_spec.data_parallel import (
     shard,
     table_schedule,
 )
-from transformer_spec.mixed_precision import check_compute_dtype
-from transformer_spec.train import train_loop
+from transformer_run.mixed_precision import check_compute_dtype
+from transformer_run.train import train_loop
+from transformer_spec import param_schema, parent_of
 
 from .layers import seed_dropout
 from .loss import cross_entropy

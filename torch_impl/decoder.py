@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
+from torch import Tensor as Array
 from torch import nn
 
 from transformer_spec import Config
@@ -50,12 +50,12 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
-        memory: torch.Tensor | None = None,
-        tgt_mask: torch.Tensor | None = None,
-        memory_mask: torch.Tensor | None = None,
+        x: Array,
+        memory: Array | None = None,
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
         need_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    ) -> tuple[Array, Array | None, Array | None]:
         """x (B, T_tgt, d_model), memory (B, T_src, d_model), tgt_mask (B|1, 1, T_tgt, T_tgt),
         memory_mask (B|1, 1, T_tgt|1, T_src) -> (B, T_tgt, d_model), self weights, cross weights."""
         check_hidden("x", x.shape, self.config.d_model)
@@ -87,7 +87,7 @@ class DecoderLayer(nn.Module):
         record(self, "output", x)
         return x, self_weights, cross_weights
 
-    def empty_cache(self, batch: int, memory: torch.Tensor | None = None) -> LayerCache:
+    def empty_cache(self, batch: int, memory: Array | None = None) -> LayerCache:
         """Before the first step: no target token yet; the memory's (B, T_src, d_model) keys and
         values projected once here, not again at every step."""
         cross_cache = None
@@ -99,12 +99,12 @@ class DecoderLayer(nn.Module):
 
     def step(
         self,
-        x: torch.Tensor,
+        x: Array,
         cache: LayerCache,
         position: int,
-        tgt_mask: torch.Tensor | None = None,
-        memory_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, LayerCache]:
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
+    ) -> tuple[Array, LayerCache]:
         """``forward`` for new tokens only. x (B, T_new, d_model): the tokens at positions
         position .. position + T_new - 1; ``cache``: this layer's keys and values of every
         earlier position; tgt_mask (B|1, 1, T_new, T_cache) over the cache *after* the new
@@ -113,7 +113,7 @@ class DecoderLayer(nn.Module):
         check_float_inputs(("x",), (x,), self)
         norm_first = self.config.norm_first
 
-        def self_attention(h: torch.Tensor) -> tuple[torch.Tensor, KeyValueCache]:
+        def self_attention(h: Array) -> tuple[Array, KeyValueCache]:
             self_cache = self.self_attn.extend_cache(cache.self_attn, h, position)  # (B, H, T_cache, d_k) each
             return self.self_attn.attend(h, self_cache, tgt_mask, position), self_cache  # (B, T_new, d_model)
 
@@ -135,7 +135,7 @@ class DecoderLayer(nn.Module):
         return x, LayerCache(self_cache, cache.cross_attn)
 
 
-def _check_memory(memory: torch.Tensor | None, x: torch.Tensor, d_model: int) -> None:
+def _check_memory(memory: Array | None, x: Array, d_model: int) -> None:
     if memory is None:
         raise ValueError("this decoder has cross-attention and needs memory (the encoder output), got None")
     check_hidden("memory", memory.shape, d_model)
@@ -152,17 +152,17 @@ class Decoder(nn.Module):
         super().__init__()
         self.config = config
         self.layers = nn.ModuleList([DecoderLayer(config, dtype) for _ in range(config.num_decoder_layers)])
-        self.norm = make_norm(config, dtype) if config.use_decoder_final_norm else None
+        self.norm = make_norm(config, dtype) if config.decoder_final_norm else None
 
     def forward(
         self,
-        x: torch.Tensor,
-        memory: torch.Tensor | None = None,
-        tgt_mask: torch.Tensor | None = None,
-        memory_mask: torch.Tensor | None = None,
+        x: Array,
+        memory: Array | None = None,
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
         need_weights: bool = False,
         need_hidden_states: bool = False,
-    ) -> tuple[torch.Tensor, tuple, tuple, tuple]:
+    ) -> tuple[Array, tuple, tuple, tuple]:
         """-> (output, hidden states, self-attention weights per layer, cross-attention weights per layer)."""
         hidden_states, self_attentions, cross_attentions = [x], [], []
         for layer in self.layers:
@@ -180,18 +180,18 @@ class Decoder(nn.Module):
             cross_attentions = []
         return x, (tuple(hidden_states) if need_hidden_states else ()), tuple(self_attentions), tuple(cross_attentions)
 
-    def empty_cache(self, batch: int, memory: torch.Tensor | None = None) -> tuple[LayerCache, ...]:
+    def empty_cache(self, batch: int, memory: Array | None = None) -> tuple[LayerCache, ...]:
         """One ``LayerCache`` per layer, before the first decoding step (see ``DecoderLayer.empty_cache``)."""
         return tuple(layer.empty_cache(batch, memory) for layer in self.layers)
 
     def step(
         self,
-        x: torch.Tensor,
+        x: Array,
         cache: tuple[LayerCache, ...],
         position: int,
-        tgt_mask: torch.Tensor | None = None,
-        memory_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, tuple[LayerCache, ...]]:
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
+    ) -> tuple[Array, tuple[LayerCache, ...]]:
         """x (B, T_new, d_model) at positions position .. position + T_new - 1 -> the output at
         those positions (B, T_new, d_model), each layer's cache extended by them."""
         new_cache = []

@@ -6,6 +6,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor as Array
 from torch import nn
 
 from transformer_spec import Config
@@ -30,7 +31,7 @@ class TokenEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.zeros(vocab_size, d_model, dtype=_torch_dtype(dtype)))
         self.scale = math.sqrt(d_model) if scale else 1.0
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: Array) -> Array:
         return F.embedding(ids, self.weight) * self.scale  # (B, T) -> (B, T, d_model)
 
 
@@ -58,7 +59,7 @@ class Embeddings(nn.Module):
         self.norm = make_norm(config, dtype) if config.embedding_norm else None
         self.dropout = Dropout(config.dropout)
 
-    def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
+    def forward(self, ids: Array, token_type_ids: Array | None = None, offset: int = 0) -> Array:
         ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
         x = self.token(ids)  # (B, T, d_model)
         record(self, "token", x)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+from torch import Tensor as Array
 from torch import nn
 
 from transformer_spec import Config
@@ -33,8 +33,8 @@ class EncoderLayer(nn.Module):
         self.ffn_dropout = Dropout(config.dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, x: Array, mask: Array | None = None, need_weights: bool = False
+    ) -> tuple[Array, Array | None]:
         """x (B, T, d_model), mask (B|1, 1, T|1, T) -> (B, T, d_model), weights (B, H, T, T)."""
         check_hidden("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
@@ -63,15 +63,15 @@ class Encoder(nn.Module):
         super().__init__()
         self.config = config
         self.layers = nn.ModuleList([EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)])
-        self.norm = make_norm(config, dtype) if config.use_encoder_final_norm else None
+        self.norm = make_norm(config, dtype) if config.encoder_final_norm else None
 
     def forward(
         self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        x: Array,
+        mask: Array | None = None,
         need_weights: bool = False,
         need_hidden_states: bool = False,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    ) -> tuple[Array, tuple[Array, ...], tuple[Array, ...]]:
         """-> (output (B, T, d_model), hidden states (input + each layer's output), weights per layer)."""
         hidden_states, attentions = [x], []
         for layer in self.layers:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor as Array
 from torch import nn
 from torch.special import erf
 
 from transformer_spec import Config
-from transformer_spec.checks import check_features, checks_inputs_once
+from transformer_spec.checks import check_features
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -17,22 +18,22 @@ from .layers import Dropout, Linear
 from .validate import check_float_inputs
 
 
-def relu(x: torch.Tensor) -> torch.Tensor:
+def relu(x: Array) -> Array:
     return torch.where(x > 0, x, 0.0)  # (...)
 
 
 @fusable("gelu")  # speed: a fused kernel may run instead (kernels.py)
-def gelu(x: torch.Tensor) -> torch.Tensor:
+def gelu(x: Array) -> Array:
     """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu")."""
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))  # (...)
 
 
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+def gelu_tanh(x: Array) -> Array:
     """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact one."""
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # (...)
 
 
-def silu(x: torch.Tensor) -> torch.Tensor:
+def silu(x: Array) -> Array:
     """SiLU (swish), x * sigmoid(x): the gate of Llama's SwiGLU (torch ``F.silu``, ``jax.nn.silu``)."""
     return x * torch.sigmoid(x)  # (...,): torch.sigmoid = 1 / (1 + exp(-x)), without overflow for large -x
 
@@ -48,19 +49,19 @@ class PositionwiseFeedForward(nn.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
         self.config = config
-        self.w_1 = Linear(config.d_model, config.d_ff, config.use_ffn_bias, dtype)
-        self.w_2 = Linear(config.d_ff, config.d_model, config.use_ffn_bias, dtype)
+        self.w_1 = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
+        self.w_2 = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
         self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
-    def check_inputs(self, x: torch.Tensor) -> None:
+    def check_inputs(self, x: Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
-    @checks_inputs_once
     @fusable("feed_forward")  # speed: a fused kernel may run instead (kernels.py)
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Array) -> Array:
+        self.check_inputs(x)  # shapes and dtypes: refused with a message
         pre_activation = self.w_1(x)  # (B, T, d_model) -> (B, T, d_ff)
         hidden = self.activation(pre_activation)  # (B, T, d_ff)
         record(self, "hidden", hidden)
@@ -83,20 +84,20 @@ class GatedFeedForward(nn.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
         self.config = config
-        self.w_gate = Linear(config.d_model, config.d_ff, config.use_ffn_bias, dtype)
-        self.w_up = Linear(config.d_model, config.d_ff, config.use_ffn_bias, dtype)
-        self.w_down = Linear(config.d_ff, config.d_model, config.use_ffn_bias, dtype)
+        self.w_gate = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
+        self.w_up = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
+        self.w_down = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
         self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
-    def check_inputs(self, x: torch.Tensor) -> None:
+    def check_inputs(self, x: Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
-    @checks_inputs_once
     @fusable("gated_feed_forward")  # speed: a fused kernel may run instead (kernels.py)
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Array) -> Array:
+        self.check_inputs(x)  # shapes and dtypes: refused with a message
         gate = self.w_gate(x)  # (B, T, d_model) -> (B, T, d_ff)
         up = self.w_up(x)  # (B, T, d_model) -> (B, T, d_ff)
         hidden = self.activation(gate) * up  # (B, T, d_ff)

@@ -1,6 +1,6 @@
-"""Decoding: the steppers that ``transformer_spec.decoding``'s greedy and beam search drive.
+"""Decoding: the steppers that ``transformer_run.decoding``'s greedy and beam search drive.
 
-The search itself is written once, in NumPy, in ``transformer_spec.decoding``; a backend
+The search itself is written once, in NumPy, in ``transformer_run.decoding``; a backend
 only supplies a *stepper* (start / step / reorder, see ``decoding.Stepper``) that turns the
 newest tokens into next-token logits. Two of them, which must give the same logits:
 
@@ -38,9 +38,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from torch import Tensor as Array
 
-from transformer_spec.checks import inputs_checked
-from transformer_spec.decoding import (
+from transformer_run.decoding import (
     BeamResult,
     beam_search,
     check_decoding,
@@ -48,6 +48,7 @@ from transformer_spec.decoding import (
     greedy_decode,
     sample_decode,
 )
+from transformer_spec.checks import inputs_checked
 
 from .attention import append_to_cache
 from .decoder import LayerCache
@@ -58,19 +59,19 @@ class DecodingState(NamedTuple):
     """The cached stepper's state, N running sequences."""
 
     cache: tuple[LayerCache, ...]  # per decoder layer: keys/values (N, H, T_cache, d_k)
-    keep: torch.Tensor  # (N, T_cache): True where the token fed at that position is not padding
-    memory_mask: torch.Tensor | None  # (N, 1, 1, T_src) source padding; None when decoder-only
+    keep: Array  # (N, T_cache): True where the token fed at that position is not padding
+    memory_mask: Array | None  # (N, 1, 1, T_src) source padding; None when decoder-only
     offset: int  # the prompt's length: a step's ``position`` counts from after the prompt
 
 
 class PrefixState(NamedTuple):
     """The uncached stepper's state: everything needed to re-run the model from scratch."""
 
-    src_ids: torch.Tensor  # (N, T_src): the source, or the decoder-only model's prompt (N, P)
-    tgt_ids: torch.Tensor  # (N, T): the tokens fed so far, from <bos>
+    src_ids: Array  # (N, T_src): the source, or the decoder-only model's prompt (N, P)
+    tgt_ids: Array  # (N, T): the tokens fed so far, from <bos>
 
 
-def make_step_mask(keep: torch.Tensor, position: int, num_new: int) -> torch.Tensor:
+def make_step_mask(keep: Array, position: int, num_new: int) -> Array:
     """keep (N, T_cache) -> tgt_mask (N, 1, T_new, T_cache) for new tokens at positions
     position .. position + num_new - 1: each sees the cached positions up to its own, minus padding.
 
@@ -84,8 +85,8 @@ def make_step_mask(keep: torch.Tensor, position: int, num_new: int) -> torch.Ten
 
 
 def initial_cache(
-    model: Any, src_ids: torch.Tensor
-) -> tuple[tuple[LayerCache, ...], torch.Tensor, torch.Tensor | None]:
+    model: Any, src_ids: Array
+) -> tuple[tuple[LayerCache, ...], Array, Array | None]:
     """Before the first step -> (cache, keep, memory_mask): the encoder-decoder encodes its source
     and projects the memory's keys and values, once per layer; no target token is cached yet."""
     batch = src_ids.shape[0]
@@ -100,13 +101,13 @@ def initial_cache(
 
 def decode_step(
     model: Any,
-    tokens: torch.Tensor,
+    tokens: Array,
     cache: tuple[LayerCache, ...],
-    keep: torch.Tensor,
-    memory_mask: torch.Tensor | None,
+    keep: Array,
+    memory_mask: Array | None,
     position: int,
     project: bool = True,
-) -> tuple[torch.Tensor | None, tuple[LayerCache, ...], torch.Tensor]:
+) -> tuple[Array | None, tuple[LayerCache, ...], Array]:
     """tokens (N, T_new) at absolute positions position .. position + T_new - 1, the cache and
     ``keep`` (N, position) of every earlier one -> logits (N, T_new, V), both extended.
     ``project=False`` (a prompt filling the cache): no logits (None), the output projection
@@ -127,7 +128,7 @@ def decode_step(
     return logits, cache, keep
 
 
-def select_rows(tree: Any, rows: torch.Tensor) -> Any:
+def select_rows(tree: Any, rows: Array) -> Any:
     """Every array in a (named) tuple tree, indexed by ``rows`` along its first (batch) axis."""
     # differs: jax-pytree
     if tree is None:
@@ -202,14 +203,14 @@ class UncachedStepper:
 
 
 def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedStepper:
-    """A ``transformer_spec.decoding.Stepper`` for a ``Transformer`` or a ``TransformerLM``."""
+    """A ``transformer_run.decoding.Stepper`` for a ``Transformer`` or a ``TransformerLM``."""
     if not model.config.uses_decoder:
         raise ValueError(f"decoding needs a model with a decoder, got kind={model.config.kind!r}")
     return CachedStepper(model) if cached else UncachedStepper(model)
 
 
 def greedy(model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True) -> np.ndarray:
-    """Greedy decoding (``transformer_spec.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
+    """Greedy decoding (``transformer_run.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
     from ``bos``, padded after ``eos``; see the module docstring."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
@@ -226,7 +227,7 @@ def beam(
     length_penalty: float = 1.0,
     cached: bool = True,
 ) -> BeamResult:
-    """Beam search (``transformer_spec.decoding.beam_search``) -> the best hypothesis per row and its score."""
+    """Beam search (``transformer_run.decoding.beam_search``) -> the best hypothesis per row and its score."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
     return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
@@ -245,18 +246,18 @@ def sample(
     cached: bool = True,
 ) -> np.ndarray:
     """Sampling with temperature, top-k and top-p from a seeded NumPy generator
-    (``transformer_spec.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
+    (``transformer_run.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
     return sample_decode(stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id)
 
 
-def _to_device(model: Any, ids: np.ndarray) -> torch.Tensor:
+def _to_device(model: Any, ids: np.ndarray) -> Array:
     """NumPy ids (the search's) -> an int64 tensor on the model's device."""
     device = next(model.parameters()).device  # differs: torch-device
     return torch.from_numpy(np.ascontiguousarray(ids, np.int64)).to(device)
 
 
-def _to_host(logits: torch.Tensor) -> np.ndarray:
+def _to_host(logits: Array) -> np.ndarray:
     """This backend's logits -> the NumPy array the search reads (a copy from the device)."""
     return logits.cpu().numpy()  # differs: torch-device

@@ -38,7 +38,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from transformer_spec.checks import check_attention_projections
 from transformer_spec.kernels import fusable_in, fused_kernels, fused_kernels_enabled, use_fused_kernels
 
 from .validate import check_mask
@@ -52,6 +51,7 @@ fusable = fusable_in(KERNELS)  # the decorator of the marked lines: @fusable("ge
 # ----------------------------------------------------------------------------- layer_norm
 def layer_norm(module, x: torch.Tensor) -> torch.Tensor:
     """``LayerNorm.forward``: the same biased variance, eps inside the square root."""
+    module.check_inputs(x)  # as the forward it stands in for
     return F.layer_norm(x, (x.shape[-1],), module.weight, module.bias, module.eps)  # (..., d_model)
 
 
@@ -61,6 +61,7 @@ KERNELS["layer_norm"] = layer_norm
 # ------------------------------------------------------------------------------- rms_norm
 def rms_norm(module, x: torch.Tensor) -> torch.Tensor:
     """``RMSNorm.forward``: eps inside the square root."""
+    module.check_inputs(x)  # as the forward it stands in for
     return F.rms_norm(x, (x.shape[-1],), module.weight, module.eps)  # (..., d_model)
 
 
@@ -83,6 +84,7 @@ def feed_forward(module, x: torch.Tensor) -> torch.Tensor:
         return NotImplemented  # no fused tanh GELU; no bias to fuse; dropout on the hidden layer
     if torch.is_grad_enabled() and (x.requires_grad or w_1.weight.requires_grad):
         return NotImplemented  # the in-place activation would overwrite what autograd keeps
+    module.check_inputs(x)  # as the forward it stands in for
     rows = x.reshape(-1, x.shape[-1])  # (N, d_model)
     hidden = torch._addmm_activation(w_1.bias, rows, w_1.weight.t(), use_gelu=activation == "gelu")  # (N, d_ff)
     return w_2(hidden).reshape(*x.shape[:-1], w_2.out_features)  # (..., d_model)
@@ -96,6 +98,7 @@ def gated_feed_forward(module, x: torch.Tensor) -> torch.Tensor:
     """``GatedFeedForward.forward`` for SwiGLU, the gate's SiLU in one pass."""
     if module.config.activation != "silu":
         return NotImplemented
+    module.check_inputs(x)  # as the forward it stands in for
     hidden = F.silu(module.w_gate(x)) * module.w_up(x)  # (B, T, d_ff)
     return module.w_down(module.dropout(hidden))  # (B, T, d_model)
 
@@ -138,7 +141,7 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     """``MultiHeadAttention.forward`` without the (B, H, T_q, T_k) weights."""
     if need_weights or (module.dropout.training and module.dropout.rate > 0):
         return NotImplemented  # the weights are wanted, or dropped out (with our dropout mask)
-    check_attention_projections(query.shape, key.shape, value.shape, module.config.d_model)
+    module.check_inputs(query, key, value, mask)  # as the forward it stands in for
     d_q, d_kv = module.w_q.out_features, module.w_k.out_features
     if query is key and key is value:  # self-attention: one (d_model, d_q + 2 d_kv) matmul
         qkv = F.linear(query, *_packed(module.w_q, module.w_k, module.w_v))  # (B, T, d_q + 2 d_kv)
@@ -151,7 +154,6 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     q, k, v = module.split_heads(q), module.split_heads(k), module.split_heads(v)  # (B, H|H_kv, T, d_k)
     if module.rotary is not None:
         q, k = module.rotary(q), module.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
-    check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
     context = module.merge_heads(attention_context(q, k, v, mask))  # (B, T_q, d_q)
     return module.w_o(context), None  # (B, T_q, d_model)
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor as Array
 from torch import nn
 
 from transformer_spec import Config
-from transformer_spec.checks import check_features, checks_inputs_once
+from transformer_spec.checks import check_features
 from transformer_spec.trace import record
 
 from .kernels import fusable
@@ -32,16 +33,16 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(config.d_model, dtype=_torch_dtype(dtype)))
         self.bias = nn.Parameter(torch.zeros(config.d_model, dtype=_torch_dtype(dtype))) if config.bias else None
 
-    def check_inputs(self, x: torch.Tensor) -> None:
+    def check_inputs(self, x: Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
-    @checks_inputs_once
     @fusable("layer_norm")  # speed: a fused kernel may run instead (kernels.py)
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
-        var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1), biased
+    def forward(self, x: Array) -> Array:
+        self.check_inputs(x)  # shapes and dtypes: refused with a message
+        mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (..., 1), biased
         std = torch.sqrt(var + self.eps)  # (..., 1)
         x_hat = (x - mean) / std  # (..., d_model)
         y = x_hat * self.weight  # (..., d_model)
@@ -67,15 +68,15 @@ class RMSNorm(nn.Module):
         self.eps = float(config.layer_norm_eps)
         self.weight = nn.Parameter(torch.ones(config.d_model, dtype=_torch_dtype(dtype)))
 
-    def check_inputs(self, x: torch.Tensor) -> None:
+    def check_inputs(self, x: Array) -> None:
         """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
-    @checks_inputs_once
     @fusable("rms_norm")  # speed: a fused kernel may run instead (kernels.py)
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rms = torch.sqrt((x * x).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
+    def forward(self, x: Array) -> Array:
+        self.check_inputs(x)  # shapes and dtypes: refused with a message
+        rms = torch.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # (..., 1)
         x_hat = x / rms  # (..., d_model)
         y = x_hat * self.weight  # (..., d_model)
         record(self, "output", y)

@@ -7,6 +7,7 @@ our canonical [in, out] (``params.py`` transposes on the way in and out).
 from __future__ import annotations
 
 import torch
+from torch import Tensor as Array
 from torch import nn
 from torch.nn import functional as F
 
@@ -32,7 +33,7 @@ class Dropout(nn.Module):
         super().__init__()
         self.rate = rate
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Array) -> Array:
         # differs: framework-layers
         if not self.training or self.rate == 0:
             return x

@@ -19,6 +19,7 @@ A batch with no such position has loss 0 (and zero gradients), not 0 / 0 = NaN
 from __future__ import annotations
 
 import torch
+from torch import Tensor as Array
 
 from transformer_spec.checks import check_loss_inputs
 
@@ -26,16 +27,16 @@ from .validate import check_token_ids
 
 
 def cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, pad_id: int, label_smoothing: float = 0.0
-) -> torch.Tensor:
+    logits: Array, targets: Array, pad_id: int, label_smoothing: float = 0.0
+) -> Array:
     """logits (B, T, V), targets (B, T) -> the mean loss over non-pad targets, a 0-d tensor."""
     check_loss_inputs(logits.shape, targets.shape, label_smoothing)
     check_token_ids("targets", targets, logits.shape[-1], None)
     # log-softmax is unchanged by a shift of the logits; shifting by the row max avoids
     # overflow. The shift is a constant (detached): no gradient flows through the max.
     # differs: framework-autograd
-    shifted = logits - logits.amax(dim=-1, keepdim=True).detach()  # (B, T, V)
-    log_probs = shifted - torch.log(torch.exp(shifted).sum(dim=-1, keepdim=True))  # (B, T, V)
+    shifted = logits - logits.amax(axis=-1, keepdims=True).detach()  # (B, T, V)
+    log_probs = shifted - torch.log(torch.exp(shifted).sum(axis=-1, keepdims=True))  # (B, T, V)
     nll = -torch.gather(log_probs, -1, targets[..., None])[..., 0]  # (B, T): -log p(target)
     smooth = -log_probs.mean(dim=-1)  # (B, T): -mean over the vocabulary of log p
     per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth  # (B, T)

@@ -7,19 +7,20 @@ Careful: ``torch.nn.MultiheadAttention`` and ``nn.Transformer`` read True as *ma
 from __future__ import annotations
 
 import torch
+from torch import Tensor as Array
 
 
-def make_padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+def make_padding_mask(ids: Array, pad_id: int) -> Array:
     """(B, T) ids -> (B, 1, 1, T): every query may look at every non-pad key."""
     return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, T)
 
 
-def make_causal_mask(seq_len: int, device: torch.device | None = None) -> torch.Tensor:  # differs: torch-device
+def make_causal_mask(seq_len: int, device: torch.device | None = None) -> Array:  # differs: torch-device
     """(1, 1, T, T), lower triangular: position i may look at positions 0..i only."""
     return torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device))[None, None, :, :]  # (1, 1, T, T)
 
 
-def make_decoder_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+def make_decoder_mask(ids: Array, pad_id: int) -> Array:
     """Decoder self-attention: causal AND key not padding -> (B, 1, T, T)."""
     # differs: torch-device (the causal half is made where the ids are)
     return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1], ids.device)  # (B, 1, T, T)
@@ -35,7 +36,7 @@ def make_target_mask(tgt_ids, pad_id: int):
     return keep[:, None, None, :] & make_causal_mask(tgt_ids.shape[1], tgt_ids.device)  # (B, 1, T, T)
 
 
-def make_cross_attention_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+def make_cross_attention_mask(src_ids: Array, pad_id: int) -> Array:
     """Decoder queries over encoder keys: hide the *source* padding -> (B, 1, 1, T_src).
 
     It broadcasts over the T_tgt query rows; its last axis is the source length, not

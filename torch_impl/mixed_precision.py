@@ -3,7 +3,7 @@
 The weights stay float32 (the master weights Adam updates). Inside ``torch.autocast`` each
 matmul and ``nn.Linear`` casts its inputs to bf16 and returns bf16; every other op runs in the
 dtype its inputs promote to, so the embeddings, the norms (they meet the float32 residual
-stream) and the residual stream stay float32 (transformer_spec.mixed_precision has the policy
+stream) and the residual stream stay float32 (transformer_run.mixed_precision has the policy
 and how JAX's differs). The loss is computed outside autocast, on the logits cast to float32;
 autograd carries the gradient back through autocast's casts, so it reaches the float32
 weights as float32.
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from transformer_spec.mixed_precision import check_compute_dtype, check_master_dtype, check_policy
+from transformer_run.mixed_precision import check_compute_dtype, check_master_dtype, check_policy
 
 
 @contextmanager

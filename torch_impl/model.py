@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor as Array
 from torch import nn
 
 from transformer_spec import Config, ModelOutput
@@ -11,7 +12,6 @@ from transformer_spec.checks import (
     check_no_token_types,
     check_same_batch,
     check_same_shape,
-    checks_inputs_once,
 )
 from transformer_spec.trace import record
 
@@ -37,7 +37,7 @@ class Generator(nn.Module):
         bias = nn.Parameter(torch.zeros(vocab, dtype=_torch_dtype(dtype))) if config.final_logits_bias else None  # (V,)
         self.logits_bias = bias
 
-    def forward(self, x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Array, embedding: Array) -> Array:
         if self.proj is None:
             logits = x @ embedding.T  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
         else:
@@ -77,12 +77,9 @@ class Transformer(nn.Module):
         x = self.tgt_embed(tgt_ids)  # (B, T_tgt, d_model)
         return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)  # (B, T_tgt, d), ...
 
-    def check_inputs(
-        self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None, return_attentions=False,
-        return_hidden_states=False,
-    ) -> dict:  # fmt: skip
-        """Every input, checked once, in the order the forward meets them; the submodules trust them.
-        -> the arguments by name, as this backend's arrays (lists, tuples, other frameworks' arrays converted)."""
+    def check_inputs(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None) -> tuple:
+        """Every input, checked in the order the forward meets them -> the same inputs as this
+        backend's arrays (lists, tuples and other frameworks' arrays converted)."""
         src_ids = token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len, self)  # (B, T_src)
         tgt_ids = token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len, self)  # (B, T_tgt)
         (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
@@ -91,25 +88,23 @@ class Transformer(nn.Module):
         memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
         check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
         memory_mask = attention_mask("memory_mask", memory_mask, (b_tgt, heads, t_tgt, t_src), self)
-        return {
-            "src_ids": src_ids, "tgt_ids": tgt_ids, "src_mask": src_mask, "tgt_mask": tgt_mask,
-            "memory_mask": memory_mask, "return_attentions": return_attentions,
-            "return_hidden_states": return_hidden_states,
-        }  # fmt: skip
+        return src_ids, tgt_ids, src_mask, tgt_mask, memory_mask
 
-    @checks_inputs_once
     def forward(
         self,
-        src_ids: torch.Tensor,
-        tgt_ids: torch.Tensor,
-        src_mask: torch.Tensor | None = None,
-        tgt_mask: torch.Tensor | None = None,
-        memory_mask: torch.Tensor | None = None,
+        src_ids: Array,
+        tgt_ids: Array,
+        src_mask: Array | None = None,
+        tgt_mask: Array | None = None,
+        memory_mask: Array | None = None,
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
         """Masks left as None are built from the ids and ``config.pad_id``: source padding for
         the encoder and for cross-attention, causal AND target padding for the decoder."""
+        src_ids, tgt_ids, src_mask, tgt_mask, memory_mask = self.check_inputs(
+            src_ids, tgt_ids, src_mask, tgt_mask, memory_mask
+        )  # checked once, here; lists and other frameworks' arrays converted
         memory, encoder_hidden, encoder_attentions = self.encode(  # (B, T_src, d_model), ...
             src_ids, src_mask, return_attentions, return_hidden_states
         )
@@ -143,22 +138,21 @@ class TransformerLM(nn.Module):
         self.decoder = Decoder(config, dtype)
         self.generator = Generator(config, dtype)
 
-    def check_inputs(self, ids, mask=None, return_attentions=False, return_hidden_states=False) -> dict:
-        """Every input, checked once; the submodules trust them. -> the arguments by name, converted."""
+    def check_inputs(self, ids, mask=None) -> tuple:
+        """Every input, checked -> the same inputs as this backend's arrays (see Transformer's)."""
         ids = token_ids("ids", ids, self.config.tgt_vocab_size, self.config.max_len, self)  # (B, T)
         batch, seq_len = ids.shape
         mask = attention_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len), self)
-        return {"ids": ids, "mask": mask, "return_attentions": return_attentions,
-                "return_hidden_states": return_hidden_states}  # fmt: skip
+        return ids, mask
 
-    @checks_inputs_once
     def forward(
         self,
-        ids: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        ids: Array,
+        mask: Array | None = None,
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
+        ids, mask = self.check_inputs(ids, mask)  # checked once, here; lists and other arrays converted
         if mask is None:
             mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
         x, hidden, attentions, _ = self.decoder(  # (B, T, d_model), ...
@@ -181,7 +175,7 @@ class Pooler(nn.Module):
         super().__init__()
         self.proj = Linear(config.d_model, config.d_model, config.bias, dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Array) -> Array:
         pooled = torch.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
         record(self, "output", pooled)
         return pooled
@@ -200,10 +194,8 @@ class TransformerEncoderModel(nn.Module):
         self.encoder = Encoder(config, dtype)
         self.pooler = Pooler(config, dtype) if config.pooler else None
 
-    def check_inputs(
-        self, ids, token_type_ids=None, mask=None, return_attentions=False, return_hidden_states=False
-    ) -> dict:
-        """Every input, checked once; the submodules trust them. -> the arguments by name, converted."""
+    def check_inputs(self, ids, token_type_ids=None, mask=None) -> tuple:
+        """Every input, checked -> the same inputs as this backend's arrays (see Transformer's)."""
         ids = token_ids("ids", ids, self.config.src_vocab_size, self.config.max_len, self)  # (B, T)
         if self.src_embed.token_type is None:
             if token_type_ids is not None:
@@ -213,18 +205,17 @@ class TransformerEncoderModel(nn.Module):
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
         batch, seq_len = ids.shape
         mask = attention_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len), self)
-        return {"ids": ids, "token_type_ids": token_type_ids, "mask": mask, "return_attentions": return_attentions,
-                "return_hidden_states": return_hidden_states}  # fmt: skip
+        return ids, token_type_ids, mask
 
-    @checks_inputs_once
     def forward(
         self,
-        ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
+        ids: Array,
+        token_type_ids: Array | None = None,
+        mask: Array | None = None,
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
+        ids, token_type_ids, mask = self.check_inputs(ids, token_type_ids, mask)  # checked once, here
         if mask is None:
             mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         x, hidden, attentions = self.encoder(  # (B, T, d_model), ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor as Array
 from torch import nn
 
 from transformer_spec import Config
@@ -13,7 +14,7 @@ from transformer_spec.checks import check_rows
 from .layers import _torch_dtype
 
 
-def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved") -> torch.Tensor:
+def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved") -> Array:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
 
     Written so that an odd d_model works: there are ceil(d/2) sine columns but only
@@ -44,7 +45,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)  # (max_len, d_model)
         self.register_buffer("pe", pe, persistent=False)
 
-    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+    def forward(self, seq_len: int, offset: int = 0) -> Array:
         check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
         return self.pe[offset : offset + seq_len]  # (T, d_model)
 
@@ -56,12 +57,12 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(config.max_len, config.d_model, dtype=_torch_dtype(dtype)))
 
-    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+    def forward(self, seq_len: int, offset: int = 0) -> Array:
         check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
         return self.weight[offset : offset + seq_len]  # (T, d_model)
 
 
-def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") -> tuple[Array, Array]:
     """-> cos, sin (max_len, d_k / 2) of the angles pos * theta^(-2i / d_k), i = 0 .. d_k/2 - 1.
 
     Pair i turns once every 2 pi theta^(2i/d_k) positions: the first pair fastest (one radian
@@ -73,7 +74,7 @@ def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") 
     return torch.cos(angle).to(_torch_dtype(dtype)), torch.sin(angle).to(_torch_dtype(dtype))  # (max_len, d_k / 2)
 
 
-def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+def rotate_pairs(x: Array, cos: Array, sin: Array, layout: str) -> Array:
     """Each pair (x1, x2) of x's last axis -> (x1 cos - x2 sin, x2 cos + x1 sin): a 2-D rotation.
 
     ``layout`` says which features pair up: "halves", i and i + d_k/2 (HF's ``rotate_half``);
@@ -103,7 +104,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def forward(self, x: Array, offset: int = 0) -> Array:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
         check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist

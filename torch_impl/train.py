@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from transformer_run.batches import split_batch
+from transformer_run.mixed_precision import check_compute_dtype
+from transformer_run.train import TrainingState, train_loop
 from transformer_spec import param_schema, parent_of
-from transformer_spec.batches import split_batch
-from transformer_spec.mixed_precision import check_compute_dtype
-from transformer_spec.train import TrainingState, train_loop
 
 from .layers import seed_dropout
 from .loss import cross_entropy
@@ -30,7 +30,7 @@ from .params import _to_torch_layout
 def train_step(
     model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing: float = 0.0, compute_dtype: str | None = None
 ) -> float:
-    """One update on ``batch`` (see transformer_spec.batches); returns the loss before it.
+    """One update on ``batch`` (see transformer_run.batches); returns the loss before it.
     ``compute_dtype="bfloat16"``: the forward under torch.autocast, the weights and Adam in float32."""
     inputs, targets = split_batch(model.config, batch)
     # differs: framework-autograd
@@ -63,7 +63,7 @@ def train(
     returns the loss of every step. The loop itself (training mode with dropout drawn from
     ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
     ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
-    is ``transformer_spec.train``'s. ``compute_dtype="bfloat16"``: mixed precision (mixed_precision.py)."""
+    is ``transformer_run.train``'s. ``compute_dtype="bfloat16"``: mixed precision (mixed_precision.py)."""
     check_compute_dtype(compute_dtype)
     optimizer = Adam(model, schedule)
     step = train_step if compute_dtype is None else functools.partial(train_step, compute_dtype=compute_dtype)

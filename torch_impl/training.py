@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from transformer_run.batches import split_batch
+from transformer_run.mixed_precision import check_compute_dtype
 from transformer_spec import param_schema, parent_of
-from transformer_spec.batches import split_batch
-from transformer_spec.mixed_precision import check_compute_dtype
 
 from .loss import cross_entropy
 from .mixed_precision import compute_in_bf16
@@ -28,7 +28,7 @@ def loss_and_grads(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the cross-entropy of ``batch``, {canonical parameter name: gradient as a NumPy array}).
 
-    ``batch``: see ``transformer_spec.batches`` ({"src_ids", "tgt_in", "tgt_out"} for the
+    ``batch``: see ``transformer_run.batches`` ({"src_ids", "tgt_in", "tgt_out"} for the
     encoder-decoder, {"ids", "targets"} for the decoder-only LM), NumPy arrays or tensors.
     The gradients have the canonical names and [in, out] layout of ``param_schema``.
     ``compute_dtype="bfloat16"``: the forward under torch.autocast, float32 gradients (mixed_precision.py).

@@ -7,9 +7,8 @@ written once and are the same in NumPy, JAX and PyTorch.
 
 from __future__ import annotations
 
-import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,11 +25,14 @@ class WeightsFileError(ValueError):
     """A file that is not one of our safetensors weights files."""
 
 
-# ------------------------------------------------------------------ checked once, at the entry
-# A model checks every input where it enters (its ``check_inputs``); the submodules it calls
-# then trust them, as STYLE.md asks. The component checks below return at once inside
-# ``inputs_checked()``; called directly (a component used on its own), they run. The state
-# is per thread: a model checking its inputs in one thread skips nothing in another.
+# ------------------------------------------------------------- checked once, where they enter
+# A model checks and converts its inputs in the first line of its forward (``check_inputs``);
+# each component checks its own, cheaply (shapes and dtypes), in the first line of its forward,
+# so that one called on its own refuses bad input with the same message. A caller that has
+# checked what a whole pass will see and then runs it in another dtype (a mixed-precision pass,
+# whose activations are bf16 beside float32 weights) or step by step (cached decoding) says so
+# with ``inputs_checked()``: inside, the component checks return at once. The state is per
+# thread: a model checking its inputs in one thread skips nothing in another.
 _checked = threading.local()
 
 
@@ -48,28 +50,6 @@ def inputs_checked() -> Iterator[None]:
 def caller_checked() -> bool:
     """Whether a caller (a model's entry) has already checked the inputs of this call."""
     return getattr(_checked, "depth", 0) > 0
-
-
-def checks_inputs_once(forward: Callable) -> Callable:
-    """Decorates a module's forward: ``self.check_inputs(*args, **kwargs)`` first (unless a caller
-    already did: a parent module, or JAX's ``compiled``, which checks eagerly before jit), then
-    the forward with every submodule's own check skipped.
-
-    A model's ``check_inputs`` returns its arguments by name, as its backend's arrays (a list,
-    a tuple or another framework's array converted, ids in the dtype the lookup takes): the
-    forward runs on those. A component's returns None: the forward runs on what it was given."""
-
-    @functools.wraps(forward)
-    def entry(self, *args, **kwargs):
-        if caller_checked():
-            return forward(self, *args, **kwargs)
-        inputs = self.check_inputs(*args, **kwargs)
-        with inputs_checked():
-            if inputs is None:
-                return forward(self, *args, **kwargs)
-            return forward(self, **inputs)
-
-    return entry
 
 
 def host_array(name: str, x: Any) -> np.ndarray:
