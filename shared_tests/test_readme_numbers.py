@@ -1,5 +1,6 @@
-"""The README's measured tables are generated (``tools/readme_numbers.py``): they must equal what
-the measurements' JSON outputs give, and the ``compare`` excerpt must be what ``compare`` prints."""
+"""The measured tables of the README and the docs pages are generated (``tools/readme_numbers.py``):
+they must equal what the measurements' JSON outputs give, wherever they are, and the ``compare``
+excerpt must be what ``compare`` prints."""
 
 from __future__ import annotations
 
@@ -16,13 +17,32 @@ NUMBER = re.compile(r"-?\d+\.\d+(?:e[-+]\d+)?")
 TIME = re.compile(r"\d+\.\d+ ms")
 
 
-def test_every_generated_block_of_the_readme_equals_what_its_source_gives():
-    with open(readme_numbers.README, encoding="utf-8") as f:
-        readme = f.read()
-    names = [m.group("name") for m in readme_numbers.BLOCK.finditer(readme)]
-    assert sorted(names) == sorted(readme_numbers.blocks()), "every renderer has its block in the README, once"
-    _, changed = readme_numbers.render(readme)
-    assert not changed, f"README blocks {changed} differ from their sources: run python -m tools.readme_numbers"
+def _markdown() -> dict[str, str]:
+    """Every markdown file that may hold generated blocks -> its text."""
+    texts = {}
+    for path in readme_numbers.markdown_files():
+        with open(path, encoding="utf-8") as f:
+            texts[os.path.relpath(path, readme_numbers.ROOT)] = f.read()
+    return texts
+
+
+def test_every_generated_block_of_every_markdown_file_equals_what_its_source_gives():
+    texts = _markdown()
+    assert "README.md" in texts and any(name.startswith("docs/") for name in texts), sorted(texts)
+    names = [name for text in texts.values() for name in readme_numbers.block_names(text)]
+    assert sorted(names) == sorted(readme_numbers.blocks()), "every renderer has its block in one file, once"
+    for file, text in texts.items():
+        opened = re.findall(r"<!-- numbers: ([a-z]+) -->", text)
+        assert opened == readme_numbers.block_names(text), f"{file}: a generated block without its closing line"
+        _, changed = readme_numbers.render(text, file)
+        assert not changed, f"{file}: blocks {changed} differ from their sources: run python -m tools.readme_numbers"
+
+
+def test_the_readme_holds_the_agreement_table_and_the_docs_pages_the_others():
+    texts = _markdown()
+    assert readme_numbers.block_names(texts["README.md"]) == ["agreement"]
+    elsewhere = [name for file, text in texts.items() if file != "README.md" for name in readme_numbers.block_names(text)]
+    assert sorted(elsewhere) == sorted(set(readme_numbers.blocks()) - {"agreement"})
 
 
 def test_a_block_typed_by_hand_is_caught():

@@ -1,11 +1,13 @@
-"""Every measured table in README.md, generated from the measurements' own JSON outputs.
+"""Every measured table of the markdown pages, generated from the measurements' own JSON outputs.
 
-    python -m tools.readme_numbers             # rewrite the README's generated blocks from the files below
-    python -m tools.readme_numbers --check     # exit 1 (and say which block) if the README disagrees
+    python -m tools.readme_numbers             # rewrite every generated block from the files below
+    python -m tools.readme_numbers --check     # exit 1 (and say which file and block) if one disagrees
     python -m tools.readme_numbers --measure   # first re-measure: the suite, the oracles, compare; then rewrite
 
-A generated block sits between ``<!-- numbers: NAME -->`` and ``<!-- /numbers: NAME -->``;
-nothing inside it is typed by hand. The sources, each written by the command that measures it:
+A generated block sits between ``<!-- numbers: NAME -->`` and ``<!-- /numbers: NAME -->``, in
+whichever markdown file holds it (``markdown_files()``: README.md, CONTRIBUTING.md and the pages
+of docs/; each block in one file, once); nothing inside it is typed by hand. Moving a block to
+another page needs no change here. The sources, each written by the command that measures it:
 
 * ``docs/parity.json``: ``pytest SUITE_TESTS --parity-json docs/parity.json`` (also what the
   docs site shows under each page): per test, check and dtype, the worst
@@ -18,8 +20,9 @@ nothing inside it is typed by hand. The sources, each written by the command tha
   of each (``bench.targets``). ``--measure`` does not run the benchmark (half an hour, and it
   wants a quiet machine): run those two commands first.
 
-``shared_tests/test_readme_numbers.py`` fails when a block differs from what these files
-give, and when ``docs/compare.txt`` differs from a fresh ``compare`` run (timings aside).
+``shared_tests/test_readme_numbers.py`` fails when a block of any of those files differs from
+what these sources give, and when ``docs/compare.txt`` differs from a fresh ``compare`` run
+(timings aside).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
+CONTRIBUTING = os.path.join(ROOT, "CONTRIBUTING.md")
+DOCS = os.path.join(ROOT, "docs")  # its *.md pages (the docs site renders them too)
 PARITY = os.path.join(ROOT, "docs", "parity.json")
 ORACLES = os.path.join(ROOT, "docs", "oracles.json")
 COMPARE = os.path.join(ROOT, "docs", "compare.txt")
@@ -176,7 +181,7 @@ def bf16(results: dict[str, Any]) -> str:
 
 
 def policies() -> str:
-    from transformer_spec.mixed_precision import OPS
+    from transformer_run.mixed_precision import OPS
 
     lines = ["| op | torch.autocast | Flax compute dtype (JAX) |", "| --- | --- | --- |"]
     return "\n".join(lines + [f"| {op} | {autocast} | {compute} |" for op, autocast, compute in OPS])
@@ -200,22 +205,33 @@ def blocks() -> dict[str, Callable[[], str | None]]:
     }
 
 
-# --------------------------------------------------------------------------- the README
+# ------------------------------------------------------------------- the markdown files
 BLOCK = re.compile(r"(<!-- numbers: (?P<name>[a-z]+) -->\n)(?P<body>.*?)(\n<!-- /numbers: (?P=name) -->)", re.S)
 
 
-def render(readme: str) -> tuple[str, list[str]]:
-    """-> the README with every generated block re-rendered, and the names of blocks that changed."""
+def markdown_files() -> list[str]:
+    """The files that may hold generated blocks: README.md, CONTRIBUTING.md, docs/*.md."""
+    pages = sorted(os.path.join(DOCS, name) for name in os.listdir(DOCS) if name.endswith(".md"))
+    return [path for path in (README, CONTRIBUTING, *pages) if os.path.exists(path)]
+
+
+def block_names(text: str) -> list[str]:
+    """The names of the generated blocks in ``text``, in order."""
+    return [m.group("name") for m in BLOCK.finditer(text)]
+
+
+def render(readme: str, name: str = "README.md") -> tuple[str, list[str]]:
+    """-> the markdown ``readme`` (the file ``name``) with every generated block re-rendered, and the
+    names of blocks that changed."""
     renderers, changed = blocks(), []
-    names = [m.group("name") for m in BLOCK.finditer(readme)]
-    unknown = sorted(set(names) - set(renderers))
+    unknown = sorted(set(block_names(readme)) - set(renderers))
     if unknown:
-        raise SystemExit(f"README.md has generated blocks nobody renders: {unknown} (known: {sorted(renderers)})")
+        raise SystemExit(f"{name} has generated blocks nobody renders: {unknown} (known: {sorted(renderers)})")
 
     def one(match: re.Match) -> str:
         body = renderers[match.group("name")]()
         if body is None:
-            raise SystemExit(f"README block {match.group('name')!r}: its source file is missing (see --help)")
+            raise SystemExit(f"{name}, block {match.group('name')!r}: its source file is missing (see --help)")
         if body != match.group("body"):
             changed.append(match.group("name"))
         return match.group(1) + body + match.group(4)
@@ -240,26 +256,32 @@ def measure() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.readme_numbers", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if the README disagrees")
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if a file disagrees")
     parser.add_argument("--measure", action="store_true", help="re-measure the suite, the oracles and compare first")
     args = parser.parse_args(argv)
     if args.measure:
         measure()
-    with open(README, encoding="utf-8") as f:
-        readme = f.read()
-    new, changed = render(readme)
-    if args.check:
+    status = 0
+    for path in markdown_files():
+        name = os.path.relpath(path, ROOT)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if not block_names(text):
+            continue
+        new, changed = render(text, name)
+        if args.check:
+            if changed:
+                print(f"{name} disagrees with the generated values in: {', '.join(changed)} "
+                      "(python -m tools.readme_numbers rewrites them)")  # fmt: skip
+                status = 1
+            else:
+                print(f"{name}: every generated block is up to date")
+            continue
         if changed:
-            print(f"README.md disagrees with the generated values in: {', '.join(changed)} "
-                  "(python -m tools.readme_numbers rewrites them)")  # fmt: skip
-            return 1
-        print("README.md: every generated block is up to date")
-        return 0
-    if changed:
-        with open(README, "w", encoding="utf-8") as f:
-            f.write(new)
-    print(f"README.md: rewrote {', '.join(changed) if changed else 'nothing (up to date)'}")
-    return 0
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(new)
+        print(f"{name}: rewrote {', '.join(changed) if changed else 'nothing (up to date)'}")
+    return status
 
 
 if __name__ == "__main__":
