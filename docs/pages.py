@@ -221,7 +221,7 @@ def walkthrough_page(data: dict) -> str:
         f"<h1>Walkthrough: “{html.escape(data['text'])}” through a BERT-sized encoder</h1>\n"
         '<p>The <a href="tutorials.html#time-flies">tutorials\'</a> dimension walkthrough, in all three '
         "frameworks. The sentence is tokenized by "
-        f"<code>transformer_spec.tokenizer</code> (BERT's WordPiece, the bert-base-uncased vocabulary) into "
+        f"<code>transformer_text.tokenizer</code> (BERT's WordPiece, the bert-base-uncased vocabulary) into "
         f"{tokens} = ids [{ids}] (without [CLS]/[SEP], as in the tutorials: batch 1, {len(data['tokens'])} "
         f"tokens), and run through the <code>{data['preset']}</code> configuration ({html.escape(config)}) "
         f"with seeded random weights (<code>init_params(config, seed={data['seed']})</code>), in "
@@ -379,9 +379,9 @@ def smollm2_page(data: dict) -> str:
     return (
         f"<h1>SmolLM2-135M: “{sentence}” through a real model</h1>\n"
         f"<p>The modern decoder (RMSNorm, SwiGLU, rotary positions, grouped-query attention) with real weights: "
-        f"{html.escape(data['model'])}, read offline by <code>transformer_spec.gguf.load_gguf</code> (its Q4_1 "
+        f"{html.escape(data['model'])}, read offline by <code>transformer_convert.gguf.load_gguf</code> (its Q4_1 "
         f"weights dequantized to {data['dtype']}, the q/k rows put in HF's halves rotary layout). The sentence "
-        f"is tokenized by SmolLM2's own byte-level BPE (<code>transformer_spec.bpe.ByteLevelBPE</code>) into "
+        f"is tokenized by SmolLM2's own byte-level BPE (<code>transformer_text.bpe.ByteLevelBPE</code>) into "
         f"{tokens} = ids [{ids}] (each token shown as the text it stands for: <code>Ġcat</code> is "
         f"{_token(' cat')}). Configuration: {html.escape(settings)}.</p>\n"
         f"<p>Everything on this page was computed by <code>{html.escape(data['command'])}</code> "
@@ -454,7 +454,7 @@ def _number(value) -> str:
 
 
 def pitfalls_page(data: dict) -> str:
-    """``pitfalls.run_all``'s data: per pitfall, the wrong code and ours in the three backend columns."""
+    """``transformer_pitfalls.run_all``'s data: per pitfall, the wrong code and ours in the three backend columns."""
     heads = "".join(f'<div class="colhead col-{b}">{title}</div>' for b, title, _, _ in BACKENDS)
     sections, toc = [], []
     for item in data["pitfalls"]:
@@ -499,7 +499,8 @@ def pitfalls_page(data: dict) -> str:
         "<p>Each pitfall is run, not just described: the wrong code (as tutorials write it) next to this "
         "project's, on the same small seeded input, in every backend where the mistake can happen. "
         f"<code>{html.escape(data['command'])}</code> ({html.escape(versions)}) wrote "
-        "<code>docs/pitfalls.json</code> from <code>pitfalls.run_all</code>; the code shown is the code that ran.</p>\n"
+        "<code>docs/pitfalls.json</code> from <code>transformer_pitfalls.run_all</code>; "
+        "the code shown is the code that ran.</p>\n"
         f'<ol class="pages">{"".join(toc)}</ol>\n' + "\n".join(sections)
     )
 

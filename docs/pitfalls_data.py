@@ -1,6 +1,6 @@
 """``python -m docs.pitfalls_data``: run every pitfall in every backend into ``docs/pitfalls.json``.
 
-``pitfalls.run_all`` returns plain data (title, explanation, the wrong code and ours, what each
+``transformer_pitfalls.run_all`` returns plain data (title, explanation, the wrong code and ours, what each
 gave, per backend); the site renders its page from the file (``docs.pages.pitfalls_page``), so
 building the site needs no framework. Run by ``nox -s docs``.
 """
@@ -21,10 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m docs.pitfalls_data", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=OUT)
     args = parser.parse_args(argv)
-    if importlib.util.find_spec("pitfalls") is None:
+    if importlib.util.find_spec("transformer_pitfalls") is None:
         print(f"no pitfalls package: {args.out} not written, and the site has no pitfalls page")
         return 0
-    import pitfalls
+    import transformer_pitfalls as pitfalls
 
     data = pitfalls.run_all(pitfalls.BACKENDS)
     versions = {"python": platform.python_version()}

@@ -4,7 +4,7 @@ which of its bugs are fixed here and where. Plain data for the page ``tutorials.
 
 They are five Chinese PyTorch tutorials: two Jupyter notebooks, a blog post, an article and a
 set of study notes. The pitfalls refer to them by ``slug`` (``@register(...,
-tutorials=("from-scratch",))`` in ``pitfalls/demos.py``); ``shared_tests/test_docs.py``
+tutorials=("from-scratch",))`` in ``transformer_pitfalls``); ``shared_tests/test_docs.py``
 checks that each pitfall a tutorial makes is listed among that tutorial's bugs below.
 
 Prose is plain text with `code` in backticks and [links](page.html#anchor) to the site's pages.
@@ -167,7 +167,7 @@ TUTORIALS: tuple[Tutorial, ...] = (
         "row sums to 1) and the (1, 5, 768) output; what batch_size, seq_len and hidden_size are, and the "
         "roles of Q, K and V.",
         took=(
-            "The ids: our WordPiece tokenizer (`transformer_spec.tokenizer`) gives the same five, offline, "
+            "The ids: our WordPiece tokenizer (`transformer_text.tokenizer`) gives the same five, offline, "
             "from bert-base-uncased's `vocab.txt`, and is held to the `tokenizers` library by the oracle tests.",
             "A shape for every step: the [walkthrough](walkthrough.html) gives the shape of every "
             "intermediate of BERT-base on this sentence in all three frameworks, and every tensor line of "
@@ -236,7 +236,7 @@ TUTORIALS: tuple[Tutorial, ...] = (
         "an encoder-decoder trained on six English -> pretend-French pairs (“i eat fish” -> “je mange "
         "poisson”), decoded greedily, with its encoder-decoder attention drawn per layer and head.",
         took=(
-            "The toy corpora, in the repository: `transformer_spec.data.TOY_TRANSLATION` and `NEXT_WORD`, "
+            "The toy corpora, in the repository: `transformer_run.data.TOY_TRANSLATION` and `NEXT_WORD`, "
             "the tasks `translate` and `next-word` of `transformer-ref train`, and the sentences that "
             "`transformer-ref trace --text` tokenizes for those models.",
             "A heatmap per head with the tokens on both axes: `transformer-ref attention`, from the "

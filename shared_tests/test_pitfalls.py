@@ -5,7 +5,7 @@ One test per pitfall, run in every backend where the mistake can happen (and tha
 wrong code's result against the stated failure (a NaN count, a factor, an exception, a
 shared object) and ours against an independent reference written here in NumPy
 float64, or against the project's own error. The demonstrations come from
-``pitfalls.demos``; the command ``transformer-ref pitfalls`` and the page data
+``transformer_pitfalls`` (one module per pitfall); the command ``transformer-ref pitfalls`` and the page data
 ``pitfalls.run_all`` are tested at the end.
 """
 
@@ -20,8 +20,8 @@ import sys
 import numpy as np
 import pytest
 
-import pitfalls
-from backend_adapters import get_backend
+import transformer_pitfalls as pitfalls
+from transformer_backends import get_backend
 from transformer_cli.main import main
 from transformer_spec import Config, param_schema
 
@@ -265,7 +265,7 @@ def test_import_pitfalls_needs_only_numpy_and_skips_missing_frameworks():
     code = (
         "import sys\n"
         "for name in ('torch', 'jax', 'flax'): sys.modules[name] = None\n"  # as if not installed
-        "import json, pitfalls\n"
+        "import json\nimport transformer_pitfalls as pitfalls\n"
         "pages = pitfalls.run_all(['numpy', 'torch'], ['neg-inf-mask-nan', 'dropout-default-half'])\n"
         "print(json.dumps(pages))\n"
     )

@@ -5,7 +5,7 @@ small, seeded input, in every selected backend where the mistake can happen, and
 the two results side by side. A backend whose framework is not installed is skipped,
 with the reason. The same demonstrations are held to their claims by
 shared_tests/test_pitfalls.py, and are the data of the docs' "Pitfalls" page
-(pitfalls.run_all).
+(transformer_pitfalls.run_all).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-import pitfalls
-from backend_adapters import available_backends
+import transformer_pitfalls as pitfalls
+from transformer_backends import available_backends
 from transformer_spec import BACKENDS
 
 from .errors import UsageError

@@ -1,7 +1,7 @@
 """The registry of pitfalls, the result of running one, and the plain data the docs page is made from.
 
 Backend-neutral and framework-free: a demonstration imports its framework only when it
-runs, so ``import pitfalls`` (and listing what is registered) needs nothing but
+runs, so ``import transformer_pitfalls`` (and listing what is registered) needs nothing but
 ``transformer_spec`` (NumPy and safetensors).
 """
 
