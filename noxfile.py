@@ -32,7 +32,7 @@ def _suite(session, extras, backends, *args):
 
 @nox.session
 def numpy(session):
-    """NumPy only: the reference against itself in float32 and float64, and transformer_spec."""
+    """NumPy only: the reference against itself in float32 and float64, and the backend-neutral packages."""
     _suite(session, "test", ["numpy"])
 
 
@@ -118,7 +118,7 @@ def docs(session):
 @nox.session
 def mutants(session):
     """Mutation testing (not in CI: about 40 minutes on 2 cores): each of tools/mutant_list.py's
-    hand-made one-line bugs in the three backends and transformer_spec is applied to a copy of
+    hand-made one-line bugs in the three backends and the backend-neutral packages is applied to a copy of
     the tree and the tests that cover it are run; a mutant that no test kills is a survivor.
     Prints the score; pass options after --, e.g. -- --jobs 2 or -- --only NAME."""
     session.install("-e", ".[all,oracles,test]", TORCH_PIN)

@@ -8,7 +8,7 @@ to ``seq_sweep.png``.
 What is compared (eval, float32, the same canonical weights loaded into both sides):
 
 * torch: our ``Encoder`` against ``nn.TransformerEncoder``, our encoder + decoder stacks
-  against ``nn.Transformer`` (weights converted by ``transformer_spec.torch_transformer``),
+  against ``nn.Transformer`` (weights converted by ``transformer_convert.torch_transformer``),
   both under ``torch.inference_mode()``, a padding mask on both. torch's own modules are
   timed twice: as torch runs them by default (its "fast path" may fuse whole encoder
   layers and pack a padded batch into nested tensors; the report says when it ran) and
@@ -18,7 +18,7 @@ What is compared (eval, float32, the same canonical weights loaded into both sid
   pytree argument, as ``jax_impl.model`` does.
 * NumPy: our NumPy encoder against our torch encoder.
 * BERT: our ``TransformerEncoderModel`` (torch) against ``transformers.BertModel`` (random
-  weights, converted by ``transformer_spec.hf_bert``), attention "eager" and "sdpa".
+  weights, converted by ``transformer_convert.hf_bert``), attention "eager" and "sdpa".
 * Before and after (``bench/baseline.py``): ours now against ours at an older commit
   (``--baseline COMMIT``, default 350f1b0, before issue 11's redesign), each in its own
   worker process (``bench/worker.py``) from its own source tree, rounds interleaved.

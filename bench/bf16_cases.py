@@ -69,7 +69,7 @@ def rounding_floor(name: str) -> tuple[float, float]:
         import ml_dtypes
 
         import numpy_impl
-        from transformer_spec.mixed_precision import gradients_error, relative_error
+        from transformer_run.mixed_precision import gradients_error, relative_error
 
         config = CONFIGS[name]
         batch, inputs = batch_and_inputs(config)
@@ -102,7 +102,7 @@ def bf16_run(name: str, backend: str, policy: str) -> tuple[np.ndarray, float, d
 def curve_gap(backend: str) -> float:
     """max over the steps of |bf16 loss - float32 loss| / float32 loss: tiny-llama, the copy task,
     CURVE_STEPS Adam steps from the same init, against NumPy float32's curve."""
-    from transformer_spec.schedules import warmup_schedule
+    from transformer_run.schedules import warmup_schedule
 
     if ("curve", backend) not in _MEASURED:
         import numpy_impl

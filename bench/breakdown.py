@@ -49,7 +49,7 @@ def _torch_pairs(config: Config, data: dict[str, np.ndarray]) -> list[tuple[str,
     from torch import nn
 
     import torch_impl
-    from transformer_spec.torch_transformer import to_torch_transformer
+    from transformer_convert.torch_transformer import to_torch_transformer
 
     t = {name: torch.from_numpy(value) for name, value in data.items()}
     x, mask = t["x"], t["mask"]

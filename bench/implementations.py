@@ -130,11 +130,11 @@ def _load(module, state: dict[str, np.ndarray]):
 
 
 def torch_nn_encoder(work: Workload, params, fast_path: bool = True) -> Candidate:
-    """``nn.TransformerEncoder`` with the same weights (converted by transformer_spec.torch_transformer)."""
+    """``nn.TransformerEncoder`` with the same weights (converted by transformer_convert.torch_transformer)."""
     import torch
     from torch import nn
 
-    from transformer_spec.torch_transformer import to_torch_transformer
+    from transformer_convert.torch_transformer import to_torch_transformer
 
     config = work.config
     if config.activation == "gelu_tanh":
@@ -170,7 +170,7 @@ def torch_nn_transformer(work: Workload, params, decoder_weights, fast_path: boo
     import torch
     from torch import nn
 
-    from transformer_spec.torch_transformer import to_torch_transformer
+    from transformer_convert.torch_transformer import to_torch_transformer
 
     config = work.config
     args = _nn_encoder_layer_args(config)
@@ -267,11 +267,11 @@ def numpy_ours_encoder(work: Workload, params) -> Candidate:
 
 def hf_bert_weights(config: Config, seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """A randomly initialised ``transformers.BertModel``'s weights: as our canonical weights
-    (converted by transformer_spec.hf_bert) and as its own state_dict."""
+    (converted by transformer_convert.hf_bert) and as its own state_dict."""
     import torch
     from transformers import BertModel
 
-    from transformer_spec.hf_bert import from_hf_bert
+    from transformer_convert.hf_bert import from_hf_bert
 
     torch.manual_seed(seed)
     state_dict = BertModel(_hf_config(config, "eager")).state_dict()

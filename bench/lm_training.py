@@ -1,5 +1,5 @@
 """``python -m bench.lm_training [--quick] [--out bench/results/training]``: training speed and memory
-of the Shakespeare language model (transformer_spec.corpus.config(): the modern decoder, 4 layers,
+of the Shakespeare language model (transformer_text.corpus.config(): the modern decoder, 4 layers,
 d_model 64, 2,258-token vocabulary) in every backend: float32 and bf16 mixed precision, on one
 device and data parallel over 2 replicas; with the machine's GEMM rate for context, and the peak
 memory of one float32 and one bf16 training step.
@@ -56,8 +56,9 @@ def child_speed(backend: str, precision: str, replicas: int, steps: int) -> None
         os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={replicas}"
     import importlib
 
-    from transformer_spec import corpus, init_params
-    from transformer_spec.schedules import constant_schedule
+    from transformer_run.schedules import constant_schedule
+    from transformer_spec import init_params
+    from transformer_text import corpus
 
     impl = importlib.import_module(f"{backend}_impl")
     config = corpus.config()
@@ -75,8 +76,9 @@ def child_speed(backend: str, precision: str, replicas: int, steps: int) -> None
 def child_memory(backend: str, precision: str) -> None:
     import importlib
 
-    from transformer_spec import corpus, init_params
-    from transformer_spec.schedules import constant_schedule
+    from transformer_run.schedules import constant_schedule
+    from transformer_spec import init_params
+    from transformer_text import corpus
 
     impl = importlib.import_module(f"{backend}_impl")
     config = corpus.config()
@@ -150,7 +152,7 @@ def training_flops_per_token(config) -> float:
 
 def bf16_errors() -> dict[str, Any]:
     """The error budgets' measured values: shared_tests/test_mixed_precision.py's cases (bench.bf16_cases)."""
-    from transformer_spec.mixed_precision import BUDGET, ROUNDING_MULTIPLE, gradients_error, relative_error
+    from transformer_run.mixed_precision import BUDGET, ROUNDING_MULTIPLE, gradients_error, relative_error
 
     from . import bf16_cases as cases
 
@@ -177,7 +179,7 @@ def bf16_errors() -> dict[str, Any]:
 
 
 def measure(quick: bool) -> dict[str, Any]:
-    from transformer_spec import corpus
+    from transformer_text import corpus
 
     steps, warm = (8, 3) if quick else (30, 5)
     config = corpus.config()
@@ -208,7 +210,7 @@ def measure(quick: bool) -> dict[str, Any]:
             memory.append({"backend": backend, "precision": precision} | result)
             print(f"[bench] {memory[-1]}", flush=True)
     return {
-        "model": f"transformer_spec.corpus.config(): {config.num_decoder_layers} layers, d_model {config.d_model}, "
+        "model": f"transformer_text.corpus.config(): {config.num_decoder_layers} layers, d_model {config.d_model}, "
         f"{config.num_heads} heads ({config.num_kv_heads} kv), d_ff {config.d_ff}, vocabulary {config.tgt_vocab_size}",
         "batch": f"{BATCH} x {SEQ_LEN} tokens",
         "flops_per_token": flops,

@@ -146,9 +146,9 @@ def training_section(sizes: Sequence[tuple[str, int, int]], budget: Budget) -> d
         if not hasattr(training, "loss_and_grads"):
             return {"skipped": f"{name}_impl/training.py has no loss_and_grads yet: training steps not measured"}
         backends[name] = module
+    from transformer_run.data import copy_task
+    from transformer_run.schedules import constant_schedule
     from transformer_spec import init_params
-    from transformer_spec.data import copy_task
-    from transformer_spec.schedules import constant_schedule
 
     from .flops import encoder_decoder_flops as forward_flops
     from .timing import Candidate

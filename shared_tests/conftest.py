@@ -40,7 +40,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and importlib.util.find_spec("j
 
 import pytest
 
-from backend_adapters import get_backend
+from transformer_backends import get_backend
 from transformer_spec import BACKENDS
 
 from . import tolerances

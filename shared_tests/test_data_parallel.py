@@ -23,11 +23,11 @@ import sys
 import numpy as np
 import pytest
 
+from transformer_run.data_parallel import check_data_parallel, rank_seed, shard, shard_weights
+from transformer_run.mixed_precision import BUDGET as BF16_BUDGET
+from transformer_run.mixed_precision import gradients_error
+from transformer_run.schedules import warmup_schedule
 from transformer_spec import Config, init_params
-from transformer_spec.data_parallel import check_data_parallel, rank_seed, shard, shard_weights
-from transformer_spec.mixed_precision import BUDGET as BF16_BUDGET
-from transformer_spec.mixed_precision import gradients_error
-from transformer_spec.schedules import warmup_schedule
 from transformer_spec.tolerances import TOLERANCE
 
 from .test_training import CURVE_TOLERANCE

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from transformer_run.data import BOS, EOS
 from transformer_spec import init_params
-from transformer_spec.data import BOS, EOS
 
 from .cases import VARIANTS, as_kind, token_ids
 from .tolerances import assert_close

@@ -1,4 +1,4 @@
-"""The search algorithms of transformer_spec.decoding, on a stepper with known probabilities."""
+"""The search algorithms of transformer_run.decoding, on a stepper with known probabilities."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from transformer_spec.decoding import beam_search, greedy_decode, log_softmax
+from transformer_run.decoding import beam_search, greedy_decode, log_softmax
 
 BOS, EOS, VOCAB = 1, 2, 6
 

@@ -46,8 +46,8 @@ def test_every_page_builds_with_working_links_and_three_columns_of_real_code(sit
 
 def test_each_tutorials_pitfalls_are_among_its_fixes(site):
     """docs/tutorials.py lists, per tutorial, the bugs fixed here; a pitfall that names a tutorial
-    (``tutorials=`` in pitfalls/demos.py) is one of them, with a link to where it runs."""
-    import pitfalls
+    (``tutorials=`` in its transformer_pitfalls module) is one of them, with a link to where it runs."""
+    import transformer_pitfalls as pitfalls
 
     made = {(slug, p.name) for p in pitfalls.REGISTRY.values() for slug in p.tutorials}
     assert {slug for slug, _ in made} <= set(BY_SLUG), "a pitfall names a tutorial docs/tutorials.py does not have"
@@ -61,9 +61,11 @@ def test_each_tutorials_pitfalls_are_among_its_fixes(site):
 
 
 def _copy_source(root: pathlib.Path) -> None:
-    """What a build reads: the backends, transformer_spec, and docs/ (pages and measurements)."""
+    """What a build reads: the backends, the backend-neutral packages whose code the pages show, and
+    docs/ (pages and measurements)."""
     ignore = shutil.ignore_patterns("__pycache__", "site", "screenshots")
-    for package in [package for _, _, package, _ in BACKENDS] + ["transformer_spec", "docs"]:
+    neutral = ["transformer_spec", "transformer_run", "transformer_convert"]
+    for package in [package for _, _, package, _ in BACKENDS] + neutral + ["docs"]:
         shutil.copytree(ROOT / package, root / package, ignore=ignore)
 
 

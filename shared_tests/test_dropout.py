@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from transformer_run.batches import split_batch
 from transformer_spec import Config, init_params
-from transformer_spec.batches import split_batch
 
 from .cases import DTYPES, SHAPES, TINY, as_kind, model_inputs
 from .tolerances import assert_close
@@ -112,8 +112,8 @@ def test_dropout_outside_0_1_is_a_config_error(rate):
 def test_train_trains_with_dropout_and_leaves_inference_mode(backend):
     """A whole run with dropout 0.1: the loss falls, and the model comes back in inference mode
     (its outputs then repeat exactly)."""
-    from transformer_spec.data import copy_task
-    from transformer_spec.schedules import constant_schedule
+    from transformer_run.data import copy_task
+    from transformer_run.schedules import constant_schedule
 
     config = TINY.replace(src_vocab_size=12, tgt_vocab_size=12, dropout=0.1, norm_first=True)
     model = _model(backend, config, "float32")

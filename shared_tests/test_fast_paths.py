@@ -21,8 +21,8 @@ import pytest
 
 from transformer_cli.main import main
 from transformer_cli.trace import TRACED_PATH
+from transformer_run.batches import decoder_only_batch, encoder_decoder_batch
 from transformer_spec import init_params
-from transformer_spec.batches import decoder_only_batch, encoder_decoder_batch
 
 from .cases import DTYPES, SHAPES, TINY, VARIANTS, as_kind, hidden, model_inputs, token_ids
 from .tolerances import assert_close, assert_loss_and_gradients_match

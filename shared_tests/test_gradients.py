@@ -19,8 +19,8 @@ from numpy_impl.attention import masked_softmax_backward, scaled_dot_product_att
 from numpy_impl.feed_forward import ACTIVATION_BACKWARDS
 from numpy_impl.loss import cross_entropy_backward
 from numpy_impl.module import enable_grad
+from transformer_run.batches import decoder_only_batch, encoder_decoder_batch, shift_targets, split_batch
 from transformer_spec import Config, init_params, param_schema, parent_of
-from transformer_spec.batches import decoder_only_batch, encoder_decoder_batch, shift_targets, split_batch
 
 from .cases import TINY, VARIANTS, as_kind, hidden, token_ids, variant_params
 from .tolerances import assert_close, assert_loss_and_gradients_match, assert_matches_finite_differences

@@ -37,9 +37,9 @@ import numpy as np
 import pytest
 
 from transformer_spec import Config, init_params
-from transformer_spec.bpe import ByteLevelBPE, bytes_to_unicode
 from transformer_spec.kernels import fused_kernels, fused_kernels_enabled, use_fused_kernels
-from transformer_spec.tokenizer import WordPieceTokenizer
+from transformer_text.bpe import ByteLevelBPE, bytes_to_unicode
+from transformer_text.tokenizer import WordPieceTokenizer
 
 from .cases import TINY, as_kind, hidden, token_ids
 from .tolerances import assert_close

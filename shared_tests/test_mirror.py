@@ -16,9 +16,9 @@ import textwrap
 import pytest
 
 from transformer_cli.main import main
-from transformer_spec.differences import ONE_BACKEND_FILES, REASONS
-from transformer_spec.mirror import PAIRS, mirror_report, normalise
-from transformer_spec.shape_comments import COMPONENT_FILES, PACKAGES, missing_shape_comments, tensor_lines
+from transformer_mirror.differences import ONE_BACKEND_FILES, REASONS
+from transformer_mirror.mirror import PAIRS, mirror_report, normalise
+from transformer_mirror.shape_comments import COMPONENT_FILES, PACKAGES, missing_shape_comments, tensor_lines
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,7 @@ def _names(fn) -> list[str]:
 @pytest.mark.parametrize("package", ["jax_impl", "torch_impl"])
 def test_backends_have_the_same_module_files(package):
     """The same files, except those that one backend has because its framework lacks them
-    (``transformer_spec.differences.ONE_BACKEND_FILES``, each with its reason)."""
+    (``transformer_mirror.differences.ONE_BACKEND_FILES``, each with its reason)."""
     only = {path.split("/")[1] for path in ONE_BACKEND_FILES if path.startswith("numpy_impl/")}
     assert module_files(package) == module_files("numpy_impl") - only
     for path in ONE_BACKEND_FILES:
@@ -75,8 +75,8 @@ def test_public_functions_and_classes_take_the_same_arguments(backend, reference
 
 
 # ---------------------------------------------------------------- the mirror report
-# transformer_spec.mirror compares the backends statement by statement once framework tokens
-# are normalised; every remaining difference needs a reason from transformer_spec.differences.
+# transformer_mirror.mirror compares the backends statement by statement once framework tokens
+# are normalised; every remaining difference needs a reason from transformer_mirror.differences.
 
 BASELINE = ROOT / "docs" / "mirror_baseline.json"
 
@@ -95,22 +95,22 @@ def _where(difference) -> str:
 
 def test_every_difference_has_a_reason(report):
     """Where two backends differ (once np./torch., axis/dim... are normalised), the line says why:
-    ``# differs: <reason-id>``, one of transformer_spec.differences.REASONS."""
+    ``# differs: <reason-id>``, one of transformer_mirror.differences.REASONS."""
     unexplained = report.unexplained()
     assert not unexplained, (
         f"{sum(d.size for d in unexplained)} differing statements without a reason (mark a line of each "
-        "with '# differs: <reason-id>', a reason of transformer_spec/differences.py, or make it a "
+        "with '# differs: <reason-id>', a reason of transformer_mirror/differences.py, or make it a "
         "translation; `transformer-ref mirror` lists them all):\n" + "\n".join(_where(d) for d in unexplained)
     )
 
 
 def test_reasons_are_all_used_and_known(report):
     unknown = [f"{path}:{line}: {reason!r}" for path, line, reason in report.unknown_markers]
-    assert not unknown, f"'# differs:' markers naming no reason of transformer_spec/differences.py: {unknown}"
+    assert not unknown, f"'# differs:' markers naming no reason of transformer_mirror/differences.py: {unknown}"
     stale = [f"{path}:{line}: {reason!r}" for path, line, reason in report.unused_markers]
     assert not stale, f"'# differs:' markers on lines that no longer differ (remove them): {stale}"
     unused = sorted(set(REASONS) - report.reasons_used())
-    assert not unused, f"reasons in transformer_spec/differences.py that no difference uses (remove them): {unused}"
+    assert not unused, f"reasons in transformer_mirror/differences.py that no difference uses (remove them): {unused}"
 
 
 # The files a learner reads as the model, in the README's reading order: the translation itself.
@@ -154,7 +154,7 @@ def test_mirror_differences_at_most_half_of_the_baseline(report):
 
 def test_every_tensor_line_has_a_shape_comment():
     """Every line of the model code that computes an array says its shape, ``# (B, T, d_model)``
-    (what counts as such a line: transformer_spec/shape_comments.py)."""
+    (what counts as such a line: transformer_mirror/shape_comments.py)."""
     missing = [f"{t.path}:{t.line}  {t.source}" for t in missing_shape_comments(ROOT)]
     assert not missing, f"{len(missing)} tensor lines without a shape comment:\n" + "\n".join(missing)
 

@@ -1,7 +1,7 @@
 """bf16 mixed precision: float32 master weights, bf16 compute, held to error budgets (not tolerances).
 
 torch runs its own ``torch.autocast``, JAX Flax's compute dtype, NumPy emulates either with
-``ml_dtypes`` (transformer_spec.mixed_precision has the two policies and the budgets). Each is held
+``ml_dtypes`` (transformer_run.mixed_precision has the two policies and the budgets). Each is held
 to the float32 reference on logits and gradients, the backends to each other (NumPy's autocast to
 torch, NumPy's compute dtype to JAX, torch to JAX), a bf16 training run to the float32 loss curve;
 and every error must stay above a floor, or the pass did not run in bf16 at all.
@@ -17,8 +17,8 @@ import pytest
 
 from bench import bf16_cases as cases
 from bench.bf16_cases import CONFIGS, PAIRS, RUNS, copy_batches, float32_reference
+from transformer_run.mixed_precision import BUDGET, FLOOR, ROUNDING_MULTIPLE, gradients_error, relative_error
 from transformer_spec import init_params
-from transformer_spec.mixed_precision import BUDGET, FLOOR, ROUNDING_MULTIPLE, gradients_error, relative_error
 
 from .test_data_parallel import padded_batch
 
@@ -191,7 +191,7 @@ def test_bf16_training_draws_new_dropout_masks_each_step_reproducibly(backend):
     would draw the first step's masks. At learning rate 0 the losses differ by the masks alone."""
     train = module(backend, "train")
     params_module = importlib.import_module(f"{backend}_impl.params")
-    from transformer_spec.schedules import constant_schedule
+    from transformer_run.schedules import constant_schedule
 
     config = CONFIGS["tiny-llama"].replace(dropout=0.3)
     batch = copy_batches(config)[:1]

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from transformer_convert.rope import convert_rope_layout, halves_to_interleaved, interleaved_to_halves
+from transformer_run.data import BOS, EOS
 from transformer_spec import Config, init_params, param_schema
-from transformer_spec.data import BOS, EOS
-from transformer_spec.rope import convert_rope_layout, halves_to_interleaved, interleaved_to_halves
 
 from .cases import TINY, as_kind, flatten_output, hidden, model_inputs, token_ids
 from .test_components import run_component
@@ -135,7 +135,7 @@ def test_rotary_scores_depend_only_on_the_distance_between_positions(reference, 
 
 
 def test_the_two_rope_layouts_are_one_permutation_of_q_and_k_apart(reference):
-    """The same attention in both layouts, given weights permuted by ``transformer_spec.rope``;
+    """The same attention in both layouts, given weights permuted by ``transformer_convert.rope``;
     unpermuted weights in the wrong layout give another function (the GGUF/HF mix-up)."""
     config = MODERN
     params = init_params(config, seed=3, dtype="float64", component="attention", nonzero_biases=True)
@@ -370,7 +370,7 @@ def test_left_padding_does_not_change_a_rotary_models_continuation(backend):
 
 # ------------------------------------------------------------------------------ sampling
 def test_filter_logits_applies_temperature_then_top_k_then_top_p():
-    from transformer_spec.decoding import filter_logits
+    from transformer_run.decoding import filter_logits
 
     logits = np.log(np.array([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     np.testing.assert_allclose(filter_logits(logits), [[0.5, 0.2, 0.15, 0.1, 0.05]], rtol=1e-12)
@@ -400,7 +400,7 @@ class _FixedLogits:
 
 
 def test_sampling_draws_tokens_with_their_probabilities():
-    from transformer_spec.decoding import sample_decode
+    from transformer_run.decoding import sample_decode
 
     probs = np.array([0.5, 0.3, 0.2, 0.0])
     ids = sample_decode(_FixedLogits(np.log(probs + 1e-300)), np.zeros((4000, 0), np.int64), 0, -1, 5, seed=3)

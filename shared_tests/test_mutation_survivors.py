@@ -16,9 +16,9 @@ import itertools
 import numpy as np
 import pytest
 
+from transformer_run.batches import split_batch
+from transformer_run.decoding import beam_search
 from transformer_spec import init_params
-from transformer_spec.batches import split_batch
-from transformer_spec.decoding import beam_search
 
 from .cases import SHAPES, TINY, as_kind, model_inputs
 from .test_converters import exported

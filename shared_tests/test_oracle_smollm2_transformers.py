@@ -14,9 +14,9 @@ import os
 import numpy as np
 import pytest
 
-from transformer_spec.bpe import ByteLevelBPE
-from transformer_spec.chat_template import apply_chat_template
-from transformer_spec.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
+from transformer_convert.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
+from transformer_text.bpe import ByteLevelBPE
+from transformer_text.chat_template import apply_chat_template
 
 from .smollm2_reference import HARD_TEXTS, PROMPTS, llama_last_logits, real_text, tokenizers_library
 

@@ -1,5 +1,5 @@
 """Our three backends against PyTorch's own modules (code nobody here wrote), given the
-same weights through ``transformer_spec.torch_transformer``.
+same weights through ``transformer_convert.torch_transformer``.
 
 PyTorch runs in eval mode with dropout 0, in the same dtype as ours. Masks are
 translated (True = masked there). Outputs are compared at real (non-pad) query
@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transformer_spec import init_params
-from transformer_spec.checks import WeightsError
-from transformer_spec.torch_transformer import (
+from transformer_convert.torch_transformer import (
     from_torch_transformer,
     to_torch_transformer,
     torch_transformer_config,
 )
+from transformer_spec import init_params
+from transformer_spec.checks import WeightsError
 
 from .cases import DTYPES, hidden, token_ids
 from .tolerances import assert_close

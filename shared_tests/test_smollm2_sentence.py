@@ -32,7 +32,7 @@ def _missing_model() -> str | None:
     """Why the real model cannot run here (None: it can)."""
     if importlib.util.find_spec("gguf") is None:
         return "reading GGUF files needs the [smollm2] extra (gguf)"
-    from transformer_spec.gguf import MissingExtraError, smollm2_gguf_path
+    from transformer_convert.gguf import MissingExtraError, smollm2_gguf_path
 
     try:
         smollm2_gguf_path()

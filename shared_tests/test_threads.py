@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from transformer_cli.train import task_setup  # noqa: E402
+from transformer_run.schedules import warmup_schedule  # noqa: E402
 from transformer_spec import init_params  # noqa: E402
-from transformer_spec.schedules import warmup_schedule  # noqa: E402
 
 
 @pytest.fixture

@@ -78,16 +78,16 @@ def test_the_same_weights_agree_everywhere_in_compare_traces(backend):
 
 
 def test_outside_a_recording_record_does_nothing_and_a_stranger_module_is_refused():
-    record(object(), "x", np.ones(3))  # no recording: a no-op
+    record(object(), x=np.ones(3))  # no recording: a no-op
     with recording({}) as trace, pytest.raises(KeyError, match="not part of the model"):
-        record(object(), "x", np.ones(3))
+        record(object(), x=np.ones(3))
     assert trace == {}
 
 
 def test_recorded_values_are_copies():
     module, value = object(), np.zeros(3)
     with recording({id(module): "m"}) as trace:
-        record(module, "x", value)
+        record(module, x=value)
         value += 1  # an in-place update after the fact must not change the record
     assert np.all(trace["m.x"] == 0)
 
@@ -145,6 +145,6 @@ def test_attention_maps_are_the_same_from_every_backend(backend, reference):
 
 
 def toy_sentence() -> str:
-    from transformer_spec.data import TOY_TRANSLATION
+    from transformer_run.data import TOY_TRANSLATION
 
     return TOY_TRANSLATION[0][0]

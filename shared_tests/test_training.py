@@ -12,10 +12,10 @@ import functools
 import numpy as np
 import pytest
 
+from transformer_run.data import BOS, EOS, NEXT_WORD, WordVocab, copy_task, next_word_batch
+from transformer_run.decoding import greedy_decode
+from transformer_run.schedules import warmup_schedule
 from transformer_spec import Config, init_params, load_params, save_params
-from transformer_spec.data import BOS, EOS, NEXT_WORD, WordVocab, copy_task, next_word_batch
-from transformer_spec.decoding import greedy_decode
-from transformer_spec.schedules import warmup_schedule
 
 from . import tolerances
 

@@ -1,4 +1,4 @@
-"""Hand-made realistic one-line bugs over numpy_impl, jax_impl, torch_impl and transformer_spec.
+"""Hand-made realistic one-line bugs over numpy_impl, jax_impl, torch_impl and the backend-neutral packages.
 
 Each mutant replaces one exact snippet (which must occur exactly once in its file) by a bug a
 person could plausibly write: the wrong stack's config flag, dropout after the residual
@@ -22,7 +22,7 @@ class Mutant:
 
     @property
     def backend(self) -> str | None:
-        """The backend whose files the mutant changes (numpy, jax, torch), or None for transformer_spec."""
+        """The backend whose files the mutant changes (numpy, jax, torch), or None for the backend-neutral packages."""
         top = self.path.split("/")[0]
         return {"numpy_impl": "numpy", "jax_impl": "jax", "torch_impl": "torch"}.get(top)
 
@@ -57,14 +57,14 @@ MUTANTS: list[Mutant] = [
     M("jax-attention-dropout-on-context", "jax_impl/attention.py",
       "used = weights if dropout is None else dropout(weights)", "used = weights",
       "attention-weight dropout left out (dropout only elsewhere)"),
-    M("spec-beam-unfinished-not-length-normalised", "transformer_spec/decoding.py",
+    M("spec-beam-unfinished-not-length-normalised", "transformer_run/decoding.py",
       "(scores[b, i] / _length(tokens[b, i].tolist()) ** length_penalty, tokens[b, i].tolist())",
       "(scores[b, i], tokens[b, i].tolist())",
       "beam search with no finished hypothesis: running ones scored without the length penalty"),
-    M("spec-beam-finished-rank-2k", "transformer_spec/decoding.py",
+    M("spec-beam-finished-rank-2k", "transformer_run/decoding.py",
       "if rank < k:  # an ending", "if rank < 2 * k:  # an ending",
       "an <eos> among the 2k best candidates (not the k best) counts as finished"),
-    M("spec-beam-length-counts-bos", "transformer_spec/decoding.py",
+    M("spec-beam-length-counts-bos", "transformer_run/decoding.py",
       "return len(hypothesis) - 1  # tokens generated", "return len(hypothesis)  # tokens generated",
       "length penalty divides by the length including <bos>"),
     # ---- attention ----------------------------------------------------------------------------
@@ -129,10 +129,10 @@ MUTANTS: list[Mutant] = [
       "inv_freq = theta ** (-np.arange(0, d_k, 2, dtype=np.float64) / d_k)",
       "inv_freq = theta ** (-np.arange(0, d_k, 2, dtype=np.float64) / (d_k // 2))",
       "RoPE frequencies theta^(-2i/(d_k/2)) instead of theta^(-2i/d_k)"),
-    M("spec-rope-convert-permutes-v", "transformer_spec/rope.py",
+    M("spec-rope-convert-permutes-v", "transformer_convert/rope.py",
       'parts[-2] in ("w_q", "w_k")', 'parts[-2] in ("w_q", "w_k", "w_v")',
       "rope layout conversion also permutes w_v"),
-    M("spec-rope-convert-k-with-query-heads", "transformer_spec/rope.py",
+    M("spec-rope-convert-k-with-query-heads", "transformer_convert/rope.py",
       'heads = config.num_heads if parts[-2] == "w_q" else config.kv_heads', "heads = config.num_heads",
       "rope layout conversion splits GQA keys into num_heads heads"),
     # ---- embeddings, outputs ------------------------------------------------------------------
@@ -196,40 +196,40 @@ MUTANTS: list[Mutant] = [
       "grad_up = grad_hidden * self.activation(gate)", "grad_up = grad_hidden * gate",
       "SwiGLU backward: up's gradient uses the pre-activation gate"),
     # ---- sampling -----------------------------------------------------------------------------
-    M("spec-top-p-drops-crossing-token", "transformer_spec/decoding.py",
+    M("spec-top-p-drops-crossing-token", "transformer_run/decoding.py",
       "before = np.cumsum(sorted_probs, axis=-1) - sorted_probs",
       "before = np.cumsum(sorted_probs, axis=-1)",
       "top-p keeps only tokens strictly inside the nucleus (drops the one that crosses top_p)"),
-    M("spec-top-k-drops-kth", "transformer_spec/decoding.py",
+    M("spec-top-k-drops-kth", "transformer_run/decoding.py",
       "scaled = np.where(scaled < kth, -np.inf, scaled)", "scaled = np.where(scaled <= kth, -np.inf, scaled)",
       "top-k keeps k - 1 tokens"),
-    M("spec-greedy-no-pad-after-eos", "transformer_spec/decoding.py",
+    M("spec-greedy-no-pad-after-eos", "transformer_run/decoding.py",
       "next_ids = np.where(done, pad, logits.argmax(axis=-1))  # (B,)", "next_ids = logits.argmax(axis=-1)  # (B,)",
       "greedy keeps generating after <eos> instead of padding"),
-    M("spec-temperature-multiplies", "transformer_spec/decoding.py",
+    M("spec-temperature-multiplies", "transformer_run/decoding.py",
       "scaled = logits.astype(np.float64) / temperature", "scaled = logits.astype(np.float64) * temperature",
       "temperature multiplies the logits"),
     # ---- tokenizers, converters, schedules ----------------------------------------------------
-    M("spec-truncate-pair-rounds-up", "transformer_spec/tokenizer.py",
+    M("spec-truncate-pair-rounds-up", "transformer_text/tokenizer.py",
       "keep_second = min(len(second), room // 2)", "keep_second = min(len(second), (room + 1) // 2)",
       "longest_first: the shorter pair member keeps ceil(room/2) instead of floor"),
-    M("spec-truncate-single-drops-one-more", "transformer_spec/tokenizer.py",
+    M("spec-truncate-single-drops-one-more", "transformer_text/tokenizer.py",
       "return first[:room], None", "return first[: room - 1], None",
       "single-text truncation cuts one token too many"),
-    M("spec-bert-norm-names-swapped", "transformer_spec/hf_bert.py",
+    M("spec-bert-norm-names-swapped", "transformer_convert/hf_bert.py",
       '"self_attn_norm": "attention.output.LayerNorm",\n        "ffn.w_1": "intermediate.dense",\n'
       '        "ffn.w_2": "output.dense",\n        "ffn_norm": "output.LayerNorm",',
       '"self_attn_norm": "output.LayerNorm",\n        "ffn.w_1": "intermediate.dense",\n'
       '        "ffn.w_2": "output.dense",\n        "ffn_norm": "attention.output.LayerNorm",',
       "BERT converter: the attention and feed-forward LayerNorms exchanged (both directions)"),
-    M("spec-llama-k-v-swapped", "transformer_spec/hf_llama.py",
+    M("spec-llama-k-v-swapped", "transformer_convert/hf_llama.py",
       '"self_attn.w_k": "self_attn.k_proj",\n        "self_attn.w_v": "self_attn.v_proj",',
       '"self_attn.w_k": "self_attn.v_proj",\n        "self_attn.w_v": "self_attn.k_proj",',
       "Llama converter: k_proj and v_proj exchanged (both directions)"),
-    M("spec-gpt2-qkv-order", "transformer_spec/hf_gpt2.py",
+    M("spec-gpt2-qkv-order", "transformer_convert/hf_gpt2.py",
       'for j, name in enumerate(("w_q", "w_k", "w_v")):', 'for j, name in enumerate(("w_k", "w_q", "w_v")):',
       "GPT-2 converter reads c_attn as [k | q | v]"),
-    M("spec-warmup-schedule-exponent", "transformer_spec/schedules.py",
+    M("spec-warmup-schedule-exponent", "transformer_run/schedules.py",
       "min(step**-0.5, step * warmup_steps**-1.5)", "min(step**-0.5, step * warmup_steps**-0.5)",
       "the paper's warm-up with warmup^-0.5 instead of warmup^-1.5"),
 ]  # fmt: skip

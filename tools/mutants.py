@@ -24,7 +24,7 @@ too); a file in BY_PATH runs the files that exercise it. The mutation tests
 (test_mutation_survivors.py) run last, so a mutant killed only by them shows it: the score
 "without" them is the suite's before they were written. A jax or torch mutant runs for that
 backend only; a NumPy mutant runs for torch (held to NumPy, it sees NumPy's bugs, and the
-NumPy-only tests run too); a transformer_spec mutant runs for numpy.
+NumPy-only tests run too); a mutant of a backend-neutral package runs for numpy.
 """
 
 from __future__ import annotations
@@ -55,21 +55,21 @@ CORE = ["test_decoding_search.py", "test_models.py", "test_fast_paths.py", "test
 MUTATION_TESTS = "test_mutation_survivors.py"
 
 
-# transformer_spec's search, tokenizer, converters and schedules: the files that exercise them
+# The search, the tokenizer, the converters and the schedules: the files that exercise them
 # (a model mutant runs everything above; these run in seconds instead of minutes).
 BY_PATH = {
-    "transformer_spec/decoding.py": [
+    "transformer_run/decoding.py": [
         "test_decoding_search.py",
         "test_decoding.py",
         "test_modern.py",
         "test_inputs.py",
         "test_errors.py",
     ],
-    "transformer_spec/tokenizer.py": ["test_inputs.py", "test_spec.py", "test_errors.py"],
-    "transformer_spec/schedules.py": ["test_training.py", "test_spec.py", "test_gradients.py"],
+    "transformer_text/tokenizer.py": ["test_inputs.py", "test_spec.py", "test_errors.py"],
+    "transformer_run/schedules.py": ["test_training.py", "test_spec.py", "test_gradients.py"],
 }
 for _converter in ("hf_bert", "hf_llama", "hf_gpt2", "hf_marian", "rope", "gguf", "torch_transformer"):
-    BY_PATH[f"transformer_spec/{_converter}.py"] = ["test_converters.py", "test_modern.py", "test_weights_files.py",
+    BY_PATH[f"transformer_convert/{_converter}.py"] = ["test_converters.py", "test_modern.py", "test_weights_files.py",
                                                     "test_params.py", "test_spec.py"]  # fmt: skip
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backend_adapters import get_backend
+from transformer_backends import get_backend
 from transformer_spec import BACKENDS
 
 from .errors import UsageError, get_installed_backend, missing_extra

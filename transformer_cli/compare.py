@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from backend_adapters import get_backend
+from transformer_backends import get_backend
 
 from .errors import positive_int
 from .help import plain, summary

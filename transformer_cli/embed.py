@@ -37,8 +37,8 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformer_spec.hf_bert import load_hf_bert, minilm_directory, sentence_embedding
-    from transformer_spec.tokenizer import WordPieceTokenizer
+    from transformer_convert.hf_bert import load_hf_bert, minilm_directory, sentence_embedding
+    from transformer_text.tokenizer import WordPieceTokenizer
 
     backend = get_installed_backend(args.backend)
     try:

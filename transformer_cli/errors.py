@@ -60,7 +60,7 @@ def missing_extra(what: str, error: ImportError, extra: str) -> UsageError:
 
 def get_installed_backend(name: str, option: str = "--backend"):
     """The backend adapter, or a ``UsageError`` naming the install command."""
-    from backend_adapters import get_backend
+    from transformer_backends import get_backend
 
     try:
         return get_backend(name)

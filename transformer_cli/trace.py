@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from backend_adapters import get_backend
+from transformer_backends import get_backend
 from transformer_spec.tolerances import max_relative_difference, tolerance
 
 from .errors import UsageError

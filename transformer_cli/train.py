@@ -41,9 +41,8 @@ import time
 
 import numpy as np
 
-from transformer_spec import BACKENDS, Config, WeightsError, WeightsFileError, init_params
-from transformer_spec.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from transformer_spec.data import (
+from transformer_run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from transformer_run.data import (
     BOS,
     EOS,
     NEXT_WORD,
@@ -54,8 +53,9 @@ from transformer_spec.data import (
     pad,
     translation_batch,
 )
-from transformer_spec.data_parallel import batch_size, check_data_parallel
-from transformer_spec.schedules import warmup_schedule
+from transformer_run.data_parallel import batch_size, check_data_parallel
+from transformer_run.schedules import warmup_schedule
+from transformer_spec import BACKENDS, Config, WeightsError, WeightsFileError, init_params
 
 from .errors import UsageError, dropout_rate, get_installed_backend, missing_extra, positive_int, probability, seed
 from .help import plain, summary

@@ -25,7 +25,7 @@ llama.cpp's converter writes an HF checkpoint to GGUF it permutes the rows of ev
 ``attn_q`` and ``attn_k`` weight, head by head, so that GGML's interleaved rotation computes
 what HF's halves rotation computed. The file therefore holds q/k weights for the
 interleaved layout. :func:`load_gguf` returns our canonical "halves" layout by default
-(the permutation undone with :func:`transformer_spec.rope.interleaved_to_halves`: the
+(the permutation undone with :func:`transformer_convert.rope.interleaved_to_halves`: the
 query with ``num_heads`` heads, the key with the ``num_kv_heads`` heads it has), or the
 file's own order with ``rope_layout="interleaved"``; either way the returned Config's
 ``rope_layout`` says which, and the model computes the same logits. A model run in the
@@ -46,10 +46,11 @@ import os
 
 import numpy as np
 
-from .checks import WeightsFileError, check_dtype_request, check_params
-from .config import Config
+from transformer_spec.checks import WeightsFileError, check_dtype_request, check_params
+from transformer_spec.config import Config
+from transformer_spec.schema import param_schema
+
 from .rope import interleaved_to_halves
-from .schema import param_schema
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -88,7 +89,7 @@ class GGUFInfo:
     add_bos_token / add_space_prefix:
         whether an encoder should prepend bos / a space (both False for SmolLM2).
     chat_template:
-        the Jinja template that renders a conversation (see ``transformer_spec.chat_template``).
+        the Jinja template that renders a conversation (see ``transformer_text.chat_template``).
     """
 
     path: str

@@ -20,10 +20,11 @@ from collections.abc import Mapping
 import numpy as np
 from safetensors.numpy import load_file
 
-from .checks import WeightsError, WeightsFileError, check_params
-from .config import Config
+from transformer_spec.checks import WeightsError, WeightsFileError, check_params
+from transformer_spec.config import Config
+from transformer_spec.schema import Schema, param_schema
+
 from .hf_common import check_buffer, check_state_dict
-from .schema import Schema, param_schema
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .checks import WeightsError, check_params
-from .schema import Schema
+from transformer_spec.checks import WeightsError, check_params
+from transformer_spec.schema import Schema
 
 _REQUIRED = object()
 

@@ -41,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from .checks import WeightsError, check_params
-from .config import Config
+from transformer_spec.checks import WeightsError, check_params
+from transformer_spec.config import Config
+from transformer_spec.schema import Schema, param_schema
+
 from .hf_common import activation, as_is, check_buffer, check_state_dict, check_tied_copy, field, refuse, resolve_pad_id
-from .schema import Schema, param_schema
 
 MODEL = "GPT-2"
 PREFIX = "transformer."

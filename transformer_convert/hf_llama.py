@@ -10,7 +10,7 @@ A Llama is our ``TransformerLM`` with the modern decoder's parts switched in (th
   ``up_proj`` / ``down_proj`` are our ``ffn.w_gate`` / ``w_up`` / ``w_down``;
 - rotary positions, nothing added to the embeddings: HF's ``rotate_half`` pairs feature i
   with feature i + d_k/2, our canonical ``rope_layout="halves"``, so q and k are copied as they
-  are (the GGUF files of the same model need a permutation: ``transformer_spec.rope``);
+  are (the GGUF files of the same model need a permutation: ``transformer_convert.rope``);
 - grouped-query attention: ``num_key_value_heads`` is our ``num_kv_heads``; query head h reads
   key/value head h // (num_heads / num_kv_heads) (HF's ``repeat_kv``);
 - no biases, unless ``attention_bias`` (q, k, v and o) or ``mlp_bias`` (the three of the
@@ -38,8 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from .checks import check_params
-from .config import Config
+from transformer_spec.checks import check_params
+from transformer_spec.config import Config
+from transformer_spec.schema import Schema, param_schema
+
 from .hf_common import (
     activation,
     as_is,
@@ -52,7 +54,6 @@ from .hf_common import (
     refuse,
     resolve_pad_id,
 )
-from .schema import Schema, param_schema
 
 MODEL = "Llama"
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",

@@ -65,8 +65,10 @@ from typing import Any
 
 import numpy as np
 
-from .checks import WeightsError, check_params
-from .config import Config
+from transformer_spec.checks import WeightsError, check_params
+from transformer_spec.config import Config
+from transformer_spec.schema import Schema, param_schema
+
 from .hf_common import (
     activation,
     as_is,
@@ -79,7 +81,6 @@ from .hf_common import (
     refuse,
     resolve_pad_id,
 )
-from .schema import Schema, param_schema
 
 MODEL = "Marian"
 _ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",

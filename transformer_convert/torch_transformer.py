@@ -23,10 +23,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .checks import check_params
-from .config import Config
+from transformer_spec.checks import check_params
+from transformer_spec.config import Config
+from transformer_spec.schema import Schema, param_schema
+
 from .hf_common import check_state_dict
-from .schema import Schema, param_schema
 
 # (our sub-layer name, torch's) inside one layer
 _ENCODER_LAYER = {

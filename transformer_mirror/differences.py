@@ -1,7 +1,7 @@
 """Why the backends differ where they must: the one list of reasons.
 
 The three backends are one text in three frameworks: a statement of one that is not a
-translation of the other's (once ``transformer_spec.mirror`` has normalised the framework
+translation of the other's (once ``transformer_mirror.mirror`` has normalised the framework
 tokens) carries a short comment pointing here, ``# differs: <reason-id>``, on its line or
 on a comment line directly above it. The reason is written once, below. A marker on the
 ``def`` line of a function that exists in one backend only explains the whole function.
@@ -102,7 +102,7 @@ REASONS: dict[str, str] = {
     "batch on a device mesh (rows over the 'data' axis, the state replicated) and GSPMD partitions the one "
     "jitted step, whose loss already sums over the global batch; NumPy, the reference, runs the shards one "
     "after another on one model and adds their gradients, each weighted by its share of the global count. "
-    "All three reuse their train.py's step pieces and transformer_spec.train's loop, and "
+    "All three reuse their train.py's step pieces and transformer_run.train's loop, and "
     "shared_tests/test_data_parallel.py holds each equal to the single-device step.",
     "mixed-precision": "bf16 mixed precision is each framework's own: torch wraps the forward in torch.autocast "
     "(matmuls and linear layers in bf16, everything else in the dtype its inputs promote to: float32 embeddings, "
@@ -112,7 +112,7 @@ REASONS: dict[str, str] = {
     "round as torch and JAX do). So mixed_precision.py is one file per backend with the same public functions "
     "(compute_in_bf16 / in_compute_dtype, mixed_precision_logits, mixed_precision_loss_and_grads), and "
     "each training.loss_and_grads takes compute_dtype and turns to it; the loss is float32 in all three "
-    "(transformer_spec.mixed_precision has the policies, the budgets and where they differ).",
+    "(transformer_run.mixed_precision has the policies, the budgets and where they differ).",
     "nnx-static-none": "Flax NNX marks an attribute first set to None as static and refuses a module in it "
     "later, so an optional submodule is assigned once, in every branch; NumPy and torch set it to None "
     "first and maybe replace it.",

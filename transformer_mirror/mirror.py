@@ -11,7 +11,7 @@ torch.
 
 What still differs is a *difference*: a hunk of that diff, statements of one backend
 replaced by, missing from or added to the other's. It counts as many differing statements
-as its longer side has. Each needs a reason from ``transformer_spec.differences.REASONS``,
+as its longer side has. Each needs a reason from ``transformer_mirror.differences.REASONS``,
 pointed at by a comment ``# differs: <reason-id>`` on a line of one of its statements (or
 on a comment line directly above one), in either backend's file. A function that exists in one backend only is one
 difference as long as the function; a marker on its ``def`` line explains all of it.
@@ -21,7 +21,7 @@ which includes the ``*_for_backward`` forwards that keep what it needs) has no t
 counterpart (torch has autograd): it is listed as one group with the reason
 ``numpy-backward``, not compared.
 
-Standard library only (ast, tokenize, difflib): ``transformer_spec`` imports no framework.
+Standard library only (ast, tokenize, difflib): ``transformer_mirror`` imports no framework.
 ``transformer-ref mirror`` prints the report, the docs page "Where the backends differ"
 shows it, and ``shared_tests/test_mirror.py`` fails on a difference without a reason.
 """
@@ -39,7 +39,8 @@ import tokenize
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .backends import BACKENDS, package
+from transformer_spec.backends import BACKENDS, package
+
 from .differences import NUMPY_BACKWARD, ONE_BACKEND_FILES, PER_BACKEND_FILES, REASONS
 
 PACKAGES = {backend: package(backend) for backend in BACKENDS}

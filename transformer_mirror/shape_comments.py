@@ -44,7 +44,7 @@ import re
 import tokenize
 from dataclasses import dataclass
 
-from . import backends
+from transformer_spec import backends
 
 # The model, in the README's reading order, and its building blocks: not the training,
 # decoding, tracing, weight-loading and validation glue around it.

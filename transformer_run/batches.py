@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .checks import check_same_shape
-from .config import Config
+from transformer_spec.checks import check_same_shape
+from transformer_spec.config import Config
 
 BATCH_KEYS = {
     "encoder_decoder": ("src_ids", "tgt_in", "tgt_out"),

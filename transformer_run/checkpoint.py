@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from .checks import WeightsError, WeightsFileError, check_params
-from .config import Config
-from .io import FORMAT, TRAINING, check_finite, check_weights, read_safetensors, write_safetensors
-from .schema import param_schema
+from transformer_spec.checks import WeightsError, WeightsFileError, check_params
+from transformer_spec.config import Config
+from transformer_spec.io import FORMAT, TRAINING, check_finite, check_weights, read_safetensors, write_safetensors
+from transformer_spec.schema import param_schema
+
 from .train import TrainingState
 
 _MOMENTS = "optimizer."

@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from transformer_spec.config import Config
+
 from .batches import BATCH_KEYS
-from .config import Config
 
 
 def check_data_parallel(batch_size: int, data_parallel: int) -> None:

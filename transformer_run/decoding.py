@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .checks import check_integer_ids, host_array
+from transformer_spec.checks import check_integer_ids, host_array
 
 
 class Stepper(Protocol):

@@ -11,7 +11,7 @@ resumed run starts) is here, so the three cannot differ in it.
 A run stopped after step s and resumed from its ``TrainingState`` continues exactly as if it
 had never stopped: the batches are chosen by the step number alone, and the state holds the
 rest (Adam's step and moments, so the schedule's position too; the dropout random streams;
-the losses so far). ``transformer_spec.checkpoint`` writes it to a file with the weights.
+the losses so far). ``transformer_run.checkpoint`` writes it to a file with the weights.
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
-"""Backend-neutral core: the backends' names, config, weight schema, seeded init, safetensors
-I/O, input checks, and the code every backend shares (the training loop, the search).
+"""The contract every backend implements: the backends' names, the config, the weight schema,
+seeded init, safetensors I/O, input checks, the outputs, the trace, the fused-kernel switch, and
+the tolerances that say what "equal" means between backends.
 
-Imports NumPy and safetensors only; every backend (numpy_impl, jax_impl, torch_impl)
-is fed from here.
+Imports NumPy and safetensors only; every backend (numpy_impl, jax_impl, torch_impl) is fed from
+here, and from ``transformer_run`` for the code all three share (the training loop, the search).
 """
 
 from .backends import BACKENDS
 from .checks import WeightsError, WeightsFileError, check_params
 from .config import PRESETS, Config
-from .convert import attention_to_heads
 from .init import init_params
 from .io import load_params, save_params
 from .outputs import ModelOutput
-from .schema import param_schema, parent_of
+from .schema import attention_to_heads, param_schema, parent_of
 
 __all__ = [
     "BACKENDS",

@@ -61,7 +61,7 @@ class Config:
         nothing is added to the embeddings. ``rope_layout`` says which features form a pair:
         "halves" (i, i + d_k/2), as HF Llama's ``rotate_half``; "interleaved" (2i, 2i + 1),
         as GGUF/GGML and GPT-J. The same model in the two layouts differs by a fixed
-        permutation of each head's q and k rows (``transformer_spec.rope``).
+        permutation of each head's q and k rows (``transformer_convert.rope``).
     num_kv_heads:
         grouped-query attention (Ainslie et al., 2023): keys and values have fewer heads
         than queries, each shared by num_heads / num_kv_heads query heads (1: multi-query).
@@ -341,7 +341,7 @@ PRESETS: dict[str, Config] = {
         bias=False,
         scale_embeddings=False,
     ),
-    # SmolLM2-135M(-Instruct), the real model the GGUF loader reads (transformer_spec.gguf).
+    # SmolLM2-135M(-Instruct), the real model the GGUF loader reads (transformer_convert.gguf).
     "smollm2-135m": Config(
         kind="decoder_only",
         d_model=576,

@@ -27,7 +27,7 @@ from .config import Config
 from .schema import Schema, param_schema
 
 FORMAT = "transformer_spec/1"
-TRAINING = "training"  # metadata key of a training checkpoint (transformer_spec.checkpoint)
+TRAINING = "training"  # metadata key of a training checkpoint (transformer_run.checkpoint)
 _SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64"}
 
 

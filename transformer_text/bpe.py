@@ -192,7 +192,7 @@ class ByteLevelBPE:
 
     @classmethod
     def from_gguf(cls, info) -> ByteLevelBPE:
-        """The tokenizer a GGUF file describes (``transformer_spec.gguf.GGUFInfo``): byte-level BPE
+        """The tokenizer a GGUF file describes (``transformer_convert.gguf.GGUFInfo``): byte-level BPE
         ("gpt2"), its tokens and merges, the tokens typed CONTROL or USER_DEFINED matched whole,
         and the pre-tokenizer ``tokenizer.ggml.pre`` names."""
         if info.tokenizer_model != "gpt2":

