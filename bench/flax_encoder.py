@@ -59,7 +59,7 @@ class FlaxEncoder(nnx.Module):
         self.layers = nnx.List([FlaxEncoderLayer(config, rngs) for _ in range(config.num_encoder_layers)])
         self.norm = (
             nnx.LayerNorm(config.d_model, epsilon=config.layer_norm_eps, use_fast_variance=False, rngs=rngs)
-            if config.use_encoder_final_norm
+            if config.encoder_final_norm
             else None
         )
 

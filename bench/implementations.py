@@ -140,7 +140,7 @@ def torch_nn_encoder(work: Workload, params, fast_path: bool = True) -> Candidat
     if config.activation == "gelu_tanh":
         raise ValueError("nn.TransformerEncoderLayer has no tanh-approximated GELU")
     layer = nn.TransformerEncoderLayer(**_nn_encoder_layer_args(config))
-    norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.use_encoder_final_norm else None
+    norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.encoder_final_norm else None
     encoder = nn.TransformerEncoder(layer, config.num_encoder_layers, norm=norm, enable_nested_tensor=True)
     _load(encoder, to_torch_transformer(params, config, module="encoder"))
     x, padding = torch.from_numpy(work.x), torch.from_numpy(~work.valid)  # True = masked, there

@@ -95,7 +95,7 @@ def hf_llama(config, params):
     hf_config = LlamaConfig(
         vocab_size=config.tgt_vocab_size, hidden_size=config.d_model, intermediate_size=config.d_ff,
         num_hidden_layers=config.num_decoder_layers, num_attention_heads=config.num_heads,
-        num_key_value_heads=config.kv_heads, max_position_embeddings=config.max_len, hidden_act="silu",
+        num_key_value_heads=config.num_kv_heads, max_position_embeddings=config.max_len, hidden_act="silu",
         rms_norm_eps=config.layer_norm_eps, rope_theta=config.rope_theta, tie_word_embeddings=config.tie_output,
         attention_bias=False, mlp_bias=False, pad_token_id=config.pad_id, bos_token_id=None, eos_token_id=None,
         attn_implementation="sdpa",

@@ -91,7 +91,7 @@ def _rotate(x, theta):
 def llama_last_logits(params, config, ids) -> np.ndarray:
     """ids (T,) -> logits (V,) at the last position, computed in float64 from "halves" weights."""
     p = lambda name: params[name].astype(np.float64)  # noqa: E731
-    heads, kv_heads, eps = config.num_heads, config.kv_heads, config.layer_norm_eps
+    heads, kv_heads, eps = config.num_heads, config.num_kv_heads, config.layer_norm_eps
     d_k, seq_len = config.d_model // heads, len(ids)
     x = params["tgt_embed.token.weight"][ids].astype(np.float64)  # (T, d_model): unscaled embeddings
     causal = np.triu(np.full((seq_len, seq_len), -np.inf), k=1)  # (T, T)

@@ -161,7 +161,7 @@ def test_a_packed_qkv_tensor_with_rows_to_spare_is_refused_not_truncated(name, e
 
 def test_torch_converters_refuse_a_config_nn_transformer_cannot_hold():
     for changes, field in [({"norm": "rms_norm"}, "norm"), ({"gated_ffn": True}, "gated_ffn"),
-                           ({"num_kv_heads": 1}, "kv_heads"), ({"attention_bias": False}, "use_attention_bias")]:  # fmt: skip
+                           ({"num_kv_heads": 1}, "num_kv_heads"), ({"attention_bias": False}, "attention_bias")]:  # fmt: skip
         config = TORCH.replace(**changes)
         with pytest.raises(ValueError, match=f"nn.Transformer has {field}="):
             to_torch_transformer(_stacks(config), config)

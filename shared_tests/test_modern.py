@@ -183,7 +183,7 @@ def test_grouped_query_attention_is_multi_head_attention_with_each_kv_head_repea
     params = init_params(config, seed=3, dtype="float64", component="attention", nonzero_biases=True)
     full = dict(params)
     for name in ("w_k.weight", "w_v.weight"):
-        heads = params[name].reshape(config.d_model, config.kv_heads, config.d_k)
+        heads = params[name].reshape(config.d_model, config.num_kv_heads, config.d_k)
         full[name] = np.repeat(heads, 3, axis=1).reshape(config.d_model, config.d_model)
     x = hidden(2, 9, config.d_model)
     want, _ = reference.build("MultiHeadAttention", config.replace(num_kv_heads=None), full)(x, x, x)
@@ -326,7 +326,7 @@ def test_rotary_cache_holds_kv_heads_and_cached_equals_uncached(backend, config,
     prompts = token_ids(config.tgt_vocab_size, 3, 5, pad=True, pad_id=config.pad_id, seed=2)
     cached_state, uncached_state = cached.start(prompts), uncached.start(prompts)
     keys = backend.to_numpy(cached_state.cache[0].self_attn.k)
-    assert keys.shape[:2] == (3, config.kv_heads) and keys.shape[-1] == config.d_k
+    assert keys.shape[:2] == (3, config.num_kv_heads) and keys.shape[-1] == config.d_k
     tokens = np.full(3, BOS)
     for position in range(4):
         cached_logits, cached_state = cached.step(cached_state, tokens, position)

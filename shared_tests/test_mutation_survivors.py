@@ -34,12 +34,12 @@ KINDS = ("encoder_decoder", "decoder_only", "encoder_only")
 def test_the_encoder_and_decoder_final_norms_follow_their_own_flags(backend, reference, encoder_final_norm):
     """One stack with a final norm and the other without (no variant of cases.py has that):
     kills a stack that reads the other stack's flag (torch-decoder-final-norm-reads-encoder-flag,
-    jax-encoder-final-norm-reads-decoder-flag, spec-decoder-final-norm-reads-encoder-field)."""
+    jax-encoder-final-norm-reads-decoder-flag)."""
     config = TINY.replace(
         norm_first=True, encoder_final_norm=encoder_final_norm, decoder_final_norm=not encoder_final_norm
     )
-    assert config.use_encoder_final_norm is encoder_final_norm
-    assert config.use_decoder_final_norm is (not encoder_final_norm)
+    assert config.encoder_final_norm is encoder_final_norm
+    assert config.decoder_final_norm is (not encoder_final_norm)
     params = init_params(config, seed=0, dtype="float64", nonzero_biases=True)
     assert ("encoder.norm.weight" in params) is encoder_final_norm
     assert ("decoder.norm.weight" in params) is (not encoder_final_norm)

@@ -492,14 +492,15 @@ def test_configs_read_what_each_model_is():
     assert (llama.norm, llama.gated_ffn, llama.activation, llama.positional, llama.rope_layout) == (
         "rms_norm", True, "silu", "rotary", "halves")  # fmt: skip
     assert (llama.num_kv_heads, llama.rope_theta, llama.layer_norm_eps, llama.tie_output) == (3, 1e5, 1e-5, True)
-    assert llama_config(LLAMA_BASE | LLAMA["mha-tied-mlp-bias"]).num_kv_heads is None
+    mha = llama_config(LLAMA_BASE | LLAMA["mha-tied-mlp-bias"])
+    assert mha.num_kv_heads == mha.num_heads and mha.to_dict()["num_kv_heads"] is None  # follows num_heads
     gpt2 = gpt2_config(GPT2_BASE)
     assert (gpt2.activation, gpt2.positional, gpt2.d_ff, gpt2.max_len, gpt2.tie_output) == (
         "gelu_tanh", "learned", 144, 29, True)  # fmt: skip
     marian = marian_config(MARIAN_BASE | MARIAN["d36-swish-scaled"])
     assert (marian.activation, marian.sinusoid_layout, marian.norm_first, marian.final_logits_bias) == (
         "silu", "halves", False, True)  # fmt: skip
-    assert not marian.use_encoder_final_norm and not marian.use_decoder_final_norm and marian.scale_embeddings
+    assert not marian.encoder_final_norm and not marian.decoder_final_norm and marian.scale_embeddings
 
 
 REFUSED = [

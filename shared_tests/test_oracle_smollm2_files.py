@@ -141,7 +141,7 @@ def _write_llama_gguf(path, config, params, arch="llama", extra=(), drop=()):
     writer.add_embedding_length(config.d_model)
     writer.add_feed_forward_length(config.d_ff)
     writer.add_head_count(config.num_heads)
-    writer.add_head_count_kv(config.kv_heads)
+    writer.add_head_count_kv(config.num_kv_heads)
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_layer_norm_rms_eps(config.layer_norm_eps)
     writer.add_tokenizer_model("gpt2")
@@ -153,7 +153,7 @@ def _write_llama_gguf(path, config, params, arch="llama", extra=(), drop=()):
         if ours.endswith("w_q.weight"):
             weight = permute(weight, config.num_heads)
         elif ours.endswith("w_k.weight"):
-            weight = permute(weight, config.kv_heads)
+            weight = permute(weight, config.num_kv_heads)
         writer.add_tensor(names[ours], np.ascontiguousarray(weight, dtype=np.float32))
     for name in extra:
         writer.add_tensor(name, np.zeros(config.d_model, dtype=np.float32))

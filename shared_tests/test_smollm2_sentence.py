@@ -98,7 +98,7 @@ def test_the_sentence_is_smollm2s_own_tokens_shown_as_text(smollm2_input):
     config = smollm2_input.config
     assert smollm2_input.tokens == [TOKENS] and "".join(TOKENS) == TEXT
     assert smollm2_input.inputs[0].tolist() == [[504, 2644, 2643, 335, 260, 1171, 975, 357, 436, 12364, 30]]
-    assert (config.num_decoder_layers, config.num_heads, config.kv_heads, config.rope_layout) == (30, 9, 3, "halves")
+    assert (config.num_decoder_layers, config.num_heads, config.num_kv_heads, config.rope_layout) == (30, 9, 3, "halves")
     assert smollm2_input.label.startswith("SmolLM2-135M-Instruct (real weights")
 
 

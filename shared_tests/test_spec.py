@@ -16,6 +16,7 @@ from transformer_spec import (
     param_schema,
     save_params,
 )
+from transformer_spec.config import FOLLOWS, RENAMED
 
 
 def test_d_model_not_divisible_by_heads_is_refused_with_both_numbers():
@@ -45,8 +46,8 @@ def test_invalid_configs_are_refused_at_construction(changes, words):
 def test_presets_are_valid_and_the_paper_base_has_table_3_sizes():
     base = Config.preset("base")
     assert (base.d_model, base.num_heads, base.d_ff, base.num_encoder_layers, base.d_k) == (512, 8, 2048, 6, 64)
-    assert not base.norm_first and not base.use_encoder_final_norm  # the paper is post-norm without final norms
-    assert Config.preset("base", norm_first=True).use_encoder_final_norm  # pre-norm stacks get one by default
+    assert not base.norm_first and not base.encoder_final_norm  # the paper is post-norm without final norms
+    assert Config.preset("base", norm_first=True).encoder_final_norm  # pre-norm stacks get one by default
     assert set(PRESETS) >= {"tiny", "tiny-lm", "tiny-bert", "base", "bert-base"}
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         Config.preset("huge")
@@ -57,6 +58,82 @@ def test_config_survives_json():
     assert Config.from_json(config.to_json()) == config
     with pytest.raises(ValueError, match=r"unknown Config fields \['heads'\]"):
         Config.from_dict({"heads": 3})
+
+
+# ------------------------------------------------------------- fields that follow another one
+@pytest.mark.parametrize(
+    "given, name, want",
+    [
+        ({"num_heads": 4}, "num_kv_heads", 4),
+        ({"bias": False, "ffn_bias": True}, "attention_bias", False),
+        ({"bias": False, "attention_bias": True}, "ffn_bias", False),
+        ({"norm_first": True, "decoder_final_norm": False}, "encoder_final_norm", True),
+        ({"norm_first": True, "encoder_final_norm": False}, "decoder_final_norm", True),
+    ],
+)
+def test_a_field_left_as_none_holds_the_value_of_the_field_it_follows(given, name, want):
+    """Model code reads one name per concept, always resolved; each field follows its own leader
+    (``FOLLOWS``), not a neighbour set to the opposite value (kills
+    spec-decoder-final-norm-reads-encoder-field)."""
+    config = Config(**given)
+    assert getattr(config, name) == want
+    assert config.to_dict()[name] is None  # still stored as "follows"
+
+
+def test_replace_keeps_a_field_that_was_left_to_follow_following():
+    """``replace`` starts from the fields as given, not as resolved: changing num_heads must not
+    pin num_kv_heads to the old head count (which would turn on grouped-query attention)."""
+    config = Config(d_model=48, num_heads=8)
+    assert config.num_kv_heads == 8
+    assert config.replace(num_heads=4).num_kv_heads == 4
+    assert config.replace(norm_first=True).encoder_final_norm and config.replace(norm_first=True).decoder_final_norm
+    assert not config.replace(bias=False).attention_bias and not config.replace(bias=False).ffn_bias
+    given = Config(d_model=48, num_heads=8, num_kv_heads=2, attention_bias=False)
+    assert given.replace(num_heads=4).num_kv_heads == 2  # a value given stays given
+    assert given.replace(bias=False, attention_bias=True).attention_bias
+    assert given.replace(num_kv_heads=None).num_kv_heads == 8  # None follows again
+    assert given.replace(num_kv_heads=None, num_heads=4).num_kv_heads == 4
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_config_survives_json_and_still_follows_after_it(name):
+    """to_json stores null where a field follows (as every weights file always has): the config
+    read back is equal, stores the same text, and its fields follow as before."""
+    config = Config.preset(name)
+    back = Config.from_json(config.to_json())
+    assert back == config and back.to_json() == config.to_json()
+    for field in FOLLOWS:
+        assert getattr(back, field) == getattr(config, field)
+        assert back.to_dict()[field] == config.to_dict()[field]  # None (follows) stays None
+    read_back = Config.from_json(Config(d_model=48, num_heads=8).to_json())
+    assert read_back.replace(num_heads=4).num_kv_heads == 4
+
+
+def test_configs_that_build_the_same_model_are_equal():
+    """Equality (and the hash) compare the resolved fields: a field left to follow equals the
+    same value given; ``to_dict`` still tells them apart, since they differ under ``replace``."""
+    following = Config(d_model=48, num_heads=8)
+    given = Config(d_model=48, num_heads=8, num_kv_heads=8, attention_bias=True, ffn_bias=True,
+                   encoder_final_norm=False, decoder_final_norm=False)  # fmt: skip
+    assert following == given and hash(following) == hash(given)
+    assert following.to_dict() != given.to_dict()
+    assert following != Config(d_model=48, num_heads=8, num_kv_heads=4)
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
+def test_a_former_name_is_refused_with_the_current_one(old, new):
+    """Each concept has one name: the former spellings are refused at construction, in a stored
+    config and on reading, each error naming the field to use."""
+    value = 3 if new == "num_kv_heads" else True
+    with pytest.raises(TypeError, match=f"use {new}"):
+        Config(**{old: value})
+    with pytest.raises(TypeError, match=f"use {new}"):
+        Config.preset("tiny").replace(**{old: value})
+    with pytest.raises(ValueError, match=f"use {new}"):
+        Config.from_dict(Config.preset("tiny").to_dict() | {old: value})
+    with pytest.raises(AttributeError, match=new):
+        getattr(Config.preset("tiny"), old)
+    assert not hasattr(Config.preset("tiny"), old)
 
 
 def test_bert_base_schema_has_bert_base_parameter_count():

@@ -272,6 +272,25 @@ def test_a_saved_file_keeps_the_usual_permissions(tmp_path):
     assert (path.stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777)
 
 
+def test_a_file_storing_null_for_the_fields_that_follow_loads_to_the_model_it_was_written_from(tmp_path):
+    """Files store null where a field follows another one (num_kv_heads follows num_heads, the
+    biases follow bias, the final norms follow norm_first), as every file written so far does: such
+    a file loads to the same model, each field resolved, and its config saves back to the same text."""
+    import dataclasses
+
+    from transformer_spec.config import FOLLOWS
+
+    stored = {f.name: None if f.name in FOLLOWS else getattr(LM, f.name) for f in dataclasses.fields(Config)}
+    metadata = {"format": FORMAT, "config": json.dumps(stored)}
+    path = write_raw(tmp_path / "w.safetensors", init_params(LM, seed=0), metadata)
+    params, config = load_params(path)
+    assert config == LM
+    assert (config.num_kv_heads, config.attention_bias, config.ffn_bias) == (LM.num_heads, LM.bias, LM.bias)
+    assert config.decoder_final_norm is LM.norm_first is True and "decoder.norm.weight" in params
+    assert json.loads(config.to_json()) == stored
+    assert config.replace(num_heads=4, d_model=36).num_kv_heads == 4  # still follows num_heads
+
+
 def test_a_file_written_before_the_modern_decoders_fields_still_loads(tmp_path):
     """Files of earlier versions lack the fields issue 12 added; their defaults are the model
     those files hold, so such a file loads. Any other missing field is refused."""

@@ -170,7 +170,7 @@ def token_line(tokens: list[str]) -> str:
 
 def describe(model_input: ModelInput) -> str:
     c = model_input.config
-    heads = f"{c.num_heads} heads" + (f" ({c.kv_heads} key/value heads)" if c.kv_heads != c.num_heads else "")
+    heads = f"{c.num_heads} heads" + (f" ({c.num_kv_heads} key/value heads)" if c.num_kv_heads != c.num_heads else "")
     return (
         f"model: {model_input.label}: {c.kind}, d_model {c.d_model}, {heads}, d_ff {c.d_ff}, "
         f"layers {c.num_encoder_layers}+{c.num_decoder_layers}, {'pre' if c.norm_first else 'post'}-norm"

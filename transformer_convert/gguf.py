@@ -352,7 +352,7 @@ def load_gguf(
         ours, linear = _canonical_name(tensor.name)
         weight = _dequantized(tensor, linear, dtype)  # Linear: (in, out)
         if rope_layout == "halves" and ours.endswith(("self_attn.w_q.weight", "self_attn.w_k.weight")):
-            heads = config.num_heads if ours.endswith("w_q.weight") else config.kv_heads
+            heads = config.num_heads if ours.endswith("w_q.weight") else config.num_kv_heads
             weight = interleaved_to_halves(weight, heads)  # (in, heads * d_k), each head's columns permuted
         params[ours] = weight
     return config.replace(rope_layout=rope_layout), params, info

@@ -81,8 +81,8 @@ def _is_linear(name: str) -> bool:
 def _check_bert_config(config: Config) -> None:
     """Only BERT-shaped Configs map onto a BertModel (e.g. not a pre-norm or rotary one)."""
     want = {"kind": "encoder_only", "positional": "learned", "norm": "layer_norm", "norm_first": False,
-            "embedding_norm": True, "bias": True, "use_attention_bias": True, "use_ffn_bias": True,
-            "gated_ffn": False, "kv_heads": config.num_heads, "use_encoder_final_norm": False}  # fmt: skip
+            "embedding_norm": True, "bias": True, "attention_bias": True, "ffn_bias": True,
+            "gated_ffn": False, "num_kv_heads": config.num_heads, "encoder_final_norm": False}  # fmt: skip
     for name, value in want.items():
         if getattr(config, name) != value:
             raise ValueError(f"a BERT has {name}={value!r}, but the config has {getattr(config, name)!r}")

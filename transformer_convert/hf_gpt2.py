@@ -80,9 +80,9 @@ def gpt2_config(hf: Mapping[str, Any], pad_id: int | None = None) -> Config:
 def _check_gpt2_config(config: Config) -> None:
     """Only GPT-2-shaped Configs map onto GPT2LMHeadModel."""
     want = {"kind": "decoder_only", "norm_first": True, "norm": "layer_norm", "gated_ffn": False,
-            "positional": "learned", "bias": True, "use_attention_bias": True, "use_ffn_bias": True,
-            "scale_embeddings": False, "use_decoder_final_norm": True, "final_logits_bias": False,
-            "embedding_norm": False, "type_vocab_size": 0, "kv_heads": config.num_heads}  # fmt: skip
+            "positional": "learned", "bias": True, "attention_bias": True, "ffn_bias": True,
+            "scale_embeddings": False, "decoder_final_norm": True, "final_logits_bias": False,
+            "embedding_norm": False, "type_vocab_size": 0, "num_kv_heads": config.num_heads}  # fmt: skip
     for name, value in want.items():
         if getattr(config, name) != value:
             raise ValueError(f"a GPT-2 has {name}={value!r}, but the config has {getattr(config, name)!r}")

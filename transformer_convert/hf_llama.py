@@ -106,7 +106,7 @@ def _check_llama_config(config: Config) -> None:
     """Only Llama-shaped Configs map onto LlamaForCausalLM (e.g. not a LayerNorm or post-norm one)."""
     want = {"kind": "decoder_only", "norm_first": True, "norm": "rms_norm", "gated_ffn": True,
             "positional": "rotary", "rope_layout": "halves", "bias": False, "scale_embeddings": False,
-            "use_decoder_final_norm": True, "final_logits_bias": False, "embedding_norm": False,
+            "decoder_final_norm": True, "final_logits_bias": False, "embedding_norm": False,
             "type_vocab_size": 0}  # fmt: skip
     for name, value in want.items():
         if getattr(config, name) != value:

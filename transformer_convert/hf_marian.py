@@ -130,10 +130,10 @@ def marian_config(hf: Mapping[str, Any]) -> Config:
 def _check_marian_config(config: Config, shared_embeddings: bool) -> None:
     """Only Marian-shaped Configs map onto MarianMTModel."""
     want = {"kind": "encoder_decoder", "norm_first": False, "norm": "layer_norm", "gated_ffn": False,
-            "positional": "sinusoidal", "sinusoid_layout": "halves", "bias": True, "use_attention_bias": True,
-            "use_ffn_bias": True, "use_encoder_final_norm": False, "use_decoder_final_norm": False,
+            "positional": "sinusoidal", "sinusoid_layout": "halves", "bias": True, "attention_bias": True,
+            "ffn_bias": True, "encoder_final_norm": False, "decoder_final_norm": False,
             "final_logits_bias": config.tie_output, "embedding_norm": False, "type_vocab_size": 0,
-            "layer_norm_eps": 1e-5, "kv_heads": config.num_heads}  # fmt: skip
+            "layer_norm_eps": 1e-5, "num_kv_heads": config.num_heads}  # fmt: skip
     for name, value in want.items():
         if getattr(config, name) != value:
             raise ValueError(f"a Marian model has {name}={value!r}, but the config has {getattr(config, name)!r}")

@@ -74,6 +74,6 @@ def convert_rope_layout(params: dict[str, np.ndarray], config, to: str) -> dict[
         parts = name.split(".")
         in_self_attention = len(parts) == 2 or parts[-3] == "self_attn"  # a whole model, or one attention
         if in_self_attention and len(parts) >= 2 and parts[-2] in ("w_q", "w_k"):
-            heads = config.num_heads if parts[-2] == "w_q" else config.kv_heads
+            heads = config.num_heads if parts[-2] == "w_q" else config.num_kv_heads
             out[name] = permute(value, heads)
     return out

@@ -99,7 +99,7 @@ def _key_map(config: Config, module: str) -> dict[str, str]:
     def stack(ours: str, theirs: str, count: int, table: dict[str, str]) -> None:
         for i in range(count):
             layer(f"{ours}layers.{i}.", f"{theirs}layers.{i}.", table)
-        if config.use_encoder_final_norm if table is _ENCODER_LAYER else config.use_decoder_final_norm:
+        if config.encoder_final_norm if table is _ENCODER_LAYER else config.decoder_final_norm:
             linear(f"{ours}norm", f"{theirs}norm")
 
     if module == "attention":
@@ -192,8 +192,8 @@ def torch_schema(config: Config, module: str = "transformer") -> Schema:
 def _check_torch_config(config: Config) -> None:
     """nn.Transformer's layers have the paper's parts only (its activation and norm placement
     leave no trace in the weights): refuse a config whose weights it cannot hold."""
-    want = {"norm": "layer_norm", "gated_ffn": False, "kv_heads": config.num_heads,
-            "use_attention_bias": config.bias, "use_ffn_bias": config.bias}  # fmt: skip
+    want = {"norm": "layer_norm", "gated_ffn": False, "num_kv_heads": config.num_heads,
+            "attention_bias": config.bias, "ffn_bias": config.bias}  # fmt: skip
     for name, value in want.items():
         if getattr(config, name) != value:
             raise ValueError(f"torch's nn.Transformer has {name}={value!r}, the config {getattr(config, name)!r}")

@@ -7,6 +7,7 @@ this same class, so a size is written in exactly one place.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -34,12 +35,9 @@ class Config:
         False is the paper's post-norm ``LayerNorm(x + sublayer(x))``; True is the
         pre-norm ``x + sublayer(LayerNorm(x))`` that the tutorials (and GPT-2) use.
     encoder_final_norm / decoder_final_norm:
-        a LayerNorm after the last layer. ``None`` means "= norm_first": pre-norm
-        stacks need one (their residual stream is never normalised otherwise), the
-        paper's post-norm stack has none. ``torch.nn.Transformer`` always has both.
-        The fields keep what was given (so ``replace(norm_first=True)`` still follows
-        the default); read the resolved choice from ``use_encoder_final_norm`` and
-        ``use_decoder_final_norm``.
+        a LayerNorm after the last layer. ``None`` (the default) follows ``norm_first``:
+        pre-norm stacks need one (their residual stream is never normalised otherwise),
+        the paper's post-norm stack has none. ``torch.nn.Transformer`` always has both.
     dropout:
         the probability of zeroing each element, in training mode only, at the four places
         the paper and ``torch.nn.Transformer`` put it: the embeddings' output, the attention
@@ -65,9 +63,16 @@ class Config:
     num_kv_heads:
         grouped-query attention (Ainslie et al., 2023): keys and values have fewer heads
         than queries, each shared by num_heads / num_kv_heads query heads (1: multi-query).
-        ``None`` means num_heads (the paper's multi-head attention).
+        ``None`` (the default) follows num_heads (the paper's multi-head attention).
     attention_bias / ffn_bias:
         biases of the attention projections / feed-forward layers; ``None`` follows ``bias``.
+
+    A field given as ``None`` follows another one (``FOLLOWS``): once built, the Config holds
+    the resolved value under the field's own name (``Config(num_heads=8).num_kv_heads == 8``),
+    and remembers that it was left to follow, so that ``replace`` and ``to_dict`` keep
+    following (``Config(num_heads=8).replace(num_heads=4).num_kv_heads == 4``, and the JSON in
+    a weights file stores ``null`` there, as files always have). Two Configs are equal when they
+    build the same model: ``Config(num_heads=8) == Config(num_heads=8, num_kv_heads=8)``.
     sinusoid_layout:
         the fixed sinusoids' columns: "interleaved" (the paper: sin, cos, sin, ...) or
         "halves" (all sines, then all cosines: Marian, fairseq).
@@ -109,7 +114,18 @@ class Config:
     final_logits_bias: bool = False
 
     def __post_init__(self) -> None:
+        following = frozenset(name for name in FOLLOWS if getattr(self, name) is None)
+        object.__setattr__(self, "_following", following)  # not a field: equality compares the model
+        for name, leader in FOLLOWS.items():
+            if name in following:
+                object.__setattr__(self, name, getattr(self, leader))
         self._validate()
+
+    def __getattr__(self, name: str) -> Any:
+        """Only reached for a missing attribute: a former name is refused with the current one."""
+        if name in RENAMED:
+            raise AttributeError(f"Config has no {name!r}: use {RENAMED[name]!r}", name=name, obj=self)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
 
     # ------------------------------------------------------------------ checks
     def _validate(self) -> None:
@@ -122,8 +138,7 @@ class Config:
         for name in _BOOLS:
             _bool(name, getattr(self, name))
         for name in _OPTIONAL_BOOLS:
-            if getattr(self, name) is not None:
-                _bool(name, getattr(self, name))
+            _bool(name, getattr(self, name), f"None (follow {FOLLOWS[name]})")
         _non_negative_int("pad_id", self.pad_id)
         for name in ("d_model", "num_heads", "d_ff", "max_len"):
             _positive_int(name, getattr(self, name))
@@ -146,13 +161,12 @@ class Config:
             raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
         _positive_finite("layer_norm_eps", self.layer_norm_eps)
         _positive_finite("rope_theta", self.rope_theta)
-        if self.num_kv_heads is not None:
-            _positive_int("num_kv_heads", self.num_kv_heads)
-            if self.num_heads % self.num_kv_heads != 0:
-                raise ValueError(
-                    f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads}): "
-                    "each key/value head serves the same number of query heads"
-                )
+        _positive_int("num_kv_heads", self.num_kv_heads)
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads}): "
+                "each key/value head serves the same number of query heads"
+            )
         if self.positional == "rotary" and self.d_k % 2 != 0:
             raise ValueError(
                 f"positional='rotary' rotates pairs of features, so d_k = d_model / num_heads must be even, "
@@ -172,27 +186,6 @@ class Config:
         return self.d_model // self.num_heads
 
     @property
-    def kv_heads(self) -> int:
-        """Key/value heads: ``num_kv_heads``, or num_heads when it is None."""
-        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
-
-    @property
-    def use_attention_bias(self) -> bool:
-        return self.bias if self.attention_bias is None else self.attention_bias
-
-    @property
-    def use_ffn_bias(self) -> bool:
-        return self.bias if self.ffn_bias is None else self.ffn_bias
-
-    @property
-    def use_encoder_final_norm(self) -> bool:
-        return self.norm_first if self.encoder_final_norm is None else bool(self.encoder_final_norm)
-
-    @property
-    def use_decoder_final_norm(self) -> bool:
-        return self.norm_first if self.decoder_final_norm is None else bool(self.decoder_final_norm)
-
-    @property
     def uses_encoder(self) -> bool:
         return self.kind in ("encoder_decoder", "encoder_only")
 
@@ -206,10 +199,13 @@ class Config:
 
     # ---------------------------------------------------------- conversions
     def replace(self, **changes: Any) -> Config:
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``; a field that was left to follow still follows (not
+        ``dataclasses.replace``, which would pin it to its value before the change)."""
+        return type(self)(**(self.to_dict() | changes))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field as given: ``None`` where a field follows another one (``FOLLOWS``)."""
+        return {f.name: None if f.name in self._following else getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -220,6 +216,8 @@ class Config:
         missing ones too (a weights file stores them all), each named."""
         if not isinstance(values, dict):
             raise TypeError(f"a Config is read from a dict of fields, got {type(values).__name__} {values!r:.80}")
+        for old in sorted(set(values) & set(RENAMED)):
+            raise ValueError(f"{old!r} is not a Config field: use {RENAMED[old]}")
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(str(k) for k in set(values) - set(known))
         if unknown:
@@ -240,6 +238,30 @@ class Config:
         return PRESETS[name].replace(**overrides)
 
 
+# A field given as None takes the value of the field named here (see Config's docstring).
+FOLLOWS = {"num_kv_heads": "num_heads", "attention_bias": "bias", "ffn_bias": "bias",
+           "encoder_final_norm": "norm_first", "decoder_final_norm": "norm_first"}  # fmt: skip
+
+# Former names, refused with the current one (each concept has one name: the field's).
+RENAMED = {"kv_heads": "num_kv_heads", "use_attention_bias": "attention_bias", "use_ffn_bias": "ffn_bias",
+           "use_encoder_final_norm": "encoder_final_norm", "use_decoder_final_norm": "decoder_final_norm"}  # fmt: skip
+
+
+def _refuse_renamed(init: Any) -> Any:
+    """``Config.__init__`` that names the current field for a former one (a TypeError, as for
+    any unexpected keyword)."""
+
+    @functools.wraps(init)
+    def checked_init(self: Config, *args: Any, **kwargs: Any) -> None:
+        for old in sorted(set(kwargs) & set(RENAMED)):
+            raise TypeError(f"Config() got {old}={kwargs[old]!r}, which is not a field: use {RENAMED[old]}")
+        init(self, *args, **kwargs)
+
+    return checked_init
+
+
+Config.__init__ = _refuse_renamed(Config.__init__)  # type: ignore[method-assign]
+
 # Fields added after weights files were first written (the modern decoder's switches): a file
 # without them predates them, and their defaults are exactly the model it was written from.
 ADDED_LATER = frozenset(
@@ -258,9 +280,9 @@ def _positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _bool(name: str, value: Any) -> None:
+def _bool(name: str, value: Any, or_else: str = "") -> None:
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool (True or False), got {value!r}")
+        raise ValueError(f"{name} must be a bool (True or False){' or ' + or_else if or_else else ''}, got {value!r}")
 
 
 def _positive_finite(name: str, value: Any) -> None:

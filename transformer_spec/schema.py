@@ -51,7 +51,7 @@ def norm_schema(config: Config, prefix: str = "") -> Schema:
 
 def attention_schema(config: Config, prefix: str = "") -> Schema:
     """q and o have num_heads heads of d_k; k and v have num_kv_heads (grouped-query attention)."""
-    d_q, d_kv, bias = config.num_heads * config.d_k, config.kv_heads * config.d_k, config.use_attention_bias
+    d_q, d_kv, bias = config.num_heads * config.d_k, config.num_kv_heads * config.d_k, config.attention_bias
     return (
         linear_schema(_join(prefix, "w_q"), config.d_model, d_q, bias)
         | linear_schema(_join(prefix, "w_k"), config.d_model, d_kv, bias)
@@ -92,13 +92,13 @@ def attention_to_heads(params: Mapping[str, np.ndarray], config: Config) -> dict
 
 
 def feed_forward_schema(config: Config, prefix: str = "") -> Schema:
-    return linear_schema(_join(prefix, "w_1"), config.d_model, config.d_ff, config.use_ffn_bias) | linear_schema(
-        _join(prefix, "w_2"), config.d_ff, config.d_model, config.use_ffn_bias
+    return linear_schema(_join(prefix, "w_1"), config.d_model, config.d_ff, config.ffn_bias) | linear_schema(
+        _join(prefix, "w_2"), config.d_ff, config.d_model, config.ffn_bias
     )
 
 
 def gated_feed_forward_schema(config: Config, prefix: str = "") -> Schema:
-    bias = config.use_ffn_bias
+    bias = config.ffn_bias
     return (
         linear_schema(_join(prefix, "w_gate"), config.d_model, config.d_ff, bias)
         | linear_schema(_join(prefix, "w_up"), config.d_model, config.d_ff, bias)
@@ -148,7 +148,7 @@ def encoder_schema(config: Config, prefix: str = "") -> Schema:
     schema: Schema = {}
     for i in range(config.num_encoder_layers):
         schema |= encoder_layer_schema(config, _join(prefix, f"layers.{i}"))
-    if config.use_encoder_final_norm:
+    if config.encoder_final_norm:
         schema |= norm_schema(config, _join(prefix, "norm"))
     return schema
 
@@ -157,7 +157,7 @@ def decoder_schema(config: Config, prefix: str = "") -> Schema:
     schema: Schema = {}
     for i in range(config.num_decoder_layers):
         schema |= decoder_layer_schema(config, _join(prefix, f"layers.{i}"))
-    if config.use_decoder_final_norm:
+    if config.decoder_final_norm:
         schema |= norm_schema(config, _join(prefix, "norm"))
     return schema
 
