@@ -20,8 +20,8 @@ What is compared (eval, float32, the same canonical weights loaded into both sid
 * BERT: our ``TransformerEncoderModel`` (torch) against ``transformers.BertModel`` (random
   weights, converted by ``transformer_convert.hf_bert``), attention "eager" and "sdpa".
 * Before and after (``bench/baseline.py``): ours now against ours at an older commit
-  (``--baseline COMMIT``, default 350f1b0, before issue 11's redesign), each in its own
-  worker process (``bench/worker.py``) from its own source tree, rounds interleaved.
+  (``--baseline COMMIT``, default 350f1b0, before the backends were redesigned to read alike),
+  each in its own worker process (``bench/worker.py``) from its own source tree, rounds interleaved.
 
 Ours runs as users get it: with each backend's fused kernels (``kernels.py``).
 

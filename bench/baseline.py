@@ -1,5 +1,6 @@
 """Before and after, in the same run: our code now against an older commit's (by default
-350f1b0, the last commit before issue 11's redesign), same implementation, same inputs.
+350f1b0, the last commit before the backends were redesigned to read alike), same implementation,
+same inputs.
 
 "Nothing slower than before" is a ratio, and on this machine only ratios taken in the same
 rounds mean anything (see timing.py). So the old code runs alongside the new one: ``git

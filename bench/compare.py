@@ -61,7 +61,7 @@ def warm_up(candidate: Candidate) -> dict[str, Any]:
 
 
 def max_difference(a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> float:
-    """max |a - b| over the real tokens (padded query rows differ between references, PITFALLS.md)."""
+    """max |a - b| over the real tokens (the references' padded query rows differ from each other)."""
     return float(np.abs(a[valid] - b[valid]).max())
 
 

@@ -7,7 +7,8 @@ post-norm (or pre-norm) layer as ours, loaded with the same canonical weights:
 * ``nnx.MultiHeadAttention`` keeps its q/k/v kernels as [in, heads, d_k] and its output
   kernel as [heads, d_k, out]: our [in, out] matrices, reshaped (no transpose).
 * ``nnx.LayerNorm`` calls its weight ``scale``; ``use_fast_variance=False`` and the
-  config's epsilon make it compute what ours does (see PITFALLS.md).
+  config's epsilon make it compute what ours does (the fast variance, Flax's default, loses
+  precision on inputs with a large mean; Flax's default epsilon is 1e-6, not the config's).
 * ``decode=False``: without it the attention expects a decoding cache.
 """
 

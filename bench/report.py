@@ -85,7 +85,7 @@ def markdown(results: dict[str, Any]) -> str:
         out.append("")
 
     if results.get("targets"):
-        out += ["## Targets from the issue", ""]
+        out += ["## Targets", ""]
         out += _table(
             ["target", "measured", "met?", "what limits it"],
             [

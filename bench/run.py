@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--baseline",
         default="",
         metavar="COMMIT",
-        help="the commit the 'baseline' section times ours against (default: 350f1b0, before issue 11's redesign)",
+        help="the commit the 'baseline' section times ours against (default: 350f1b0, before the read-alike redesign)",
     )
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]

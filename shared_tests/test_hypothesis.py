@@ -1,6 +1,6 @@
 """Random cases, drawn by hypothesis: every backend gives NumPy's numbers, or NumPy's exact error.
 
-Issue 13. The hand-picked cases of test_models.py, test_inputs.py and test_errors.py cross a
+The hand-picked cases of test_models.py, test_inputs.py and test_errors.py cross a
 few switches each; here hypothesis draws the whole space at once -- model kind, sizes (heads
 dividing d_model, key/value heads dividing the heads, odd d_ff), one or two layers, every norm,
 activation, positional encoding (both rotary and both sinusoid layouts), bias switches, tied

@@ -1,6 +1,6 @@
 """Every input a user can pass: the same answer, or the same clear error, in every backend.
 
-Issue 13, part A. Each case is run in the backend under test and in the NumPy reference:
+Each case is run in the backend under test and in the NumPy reference:
 accepted inputs give the output the backend gives for its own arrays; refused ones raise the
 same exception type with the same message, one that names what was expected and what came.
 

@@ -116,22 +116,24 @@ def test_reasons_are_all_used_and_known(report):
 # The files a learner reads as the model, in the README's reading order: the translation itself.
 MODEL_FILES = ("masks.py", "positional.py", "embeddings.py", "attention.py", "feed_forward.py", "layer_norm.py",
                "sublayer.py", "encoder.py", "decoder.py", "model.py", "loss.py")  # fmt: skip
-# JAX vs torch over every file, glue included (params, optim, train, generate, validate): issue 11
-# asked for <= half of the baseline (109); the glue's differences are each framework's own API,
+# JAX vs torch over every file, glue included (params, optim, train, generate, validate): the
+# redesign that made the backends read as translations of each other asked for <= half of the
+# baseline (109); the glue's differences are each framework's own API,
 # every one with its reason, and this is the count reached. It may only go down, except by
-# what a new component needs: issue 12's rotary embedding added 3 (its table computed on the
+# what a new component needs: the rotary embedding added 3 (its table computed on the
 # host in float64, and read at a traced position in the compiled decoding step), and sizing
 # the compiled decoding step's cache for the request instead of config.max_len (8192 positions
 # for SmolLM2: 10x slower steps) added 17, all in generate.py under jit-static-shapes; keeping
 # the decoder's start token visible (Marian's is its pad id) added 3 torch-device lines;
-# resuming a training run exactly (issue 13) added 24 in train.py: where each framework keeps
+# resuming a training run exactly added 24 in train.py: where each framework keeps
 # Adam's step and moments (torch.optim.Adam's per-parameter state and LambdaLR, optax's counts and
 # mu/nu in nnx variables) and the dropout streams (torch's global generator, NNX's RngStreams).
 JAX_TORCH_ALL_FILES_AT_MOST = 196
 
 
 def test_mirror_differences_at_most_half_of_the_baseline(report):
-    """Issue 11's target, against the differing statements measured before the redesign
+    """The target of the redesign that made the backends read as translations of each other,
+    against the differing statements measured before it
     (docs/mirror_baseline.json, commit 350f1b0): at most half for the model files in both pairs,
     at most half over every file for the NumPy forward vs torch; JAX vs torch over every file
     held at the count reached (see JAX_TORCH_ALL_FILES_AT_MOST)."""

@@ -1,5 +1,5 @@
 """Tests written for the realistic bugs that survived the rest of the suite (``python -m
-tools.mutants``, issue 13): each names the mutant(s) of ``tools/mutant_list.py`` it kills.
+tools.mutants``): each names the mutant(s) of ``tools/mutant_list.py`` it kills.
 
 Dropout across backends: the three backends draw their masks from different generators, so
 the rest of the suite checks dropout within a backend only and never where it sits. Here

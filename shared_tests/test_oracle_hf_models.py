@@ -5,9 +5,9 @@ Each model is built offline from a small config with deliberately odd sizes, eve
 drawn at random under a seed (norm scales 1 + noise, biases and ``final_logits_bias``
 nonzero, so that each one counts), converted to our canonical weights, and run in each
 backend; our logits must equal Hugging Face's at the real tokens of a right-padded batch
-(at padded query rows the references themselves disagree: PITFALLS). Hugging Face runs in
+(at padded query rows the references themselves disagree). Hugging Face runs in
 eval mode with ``attn_implementation="eager"`` (the written-out attention; SDPA's padded
-rows differ from it, see PITFALLS), in the same dtype as ours.
+rows differ from it by ~5e-5 in float32), in the same dtype as ours.
 
 float64 needs care on Hugging Face's side: its Llama computes RMSNorm, the rotary angles and
 the eager softmax in float32 whatever the model's dtype (upcasts meant for float16), and its

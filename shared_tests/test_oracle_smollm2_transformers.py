@@ -34,7 +34,7 @@ except MissingExtraError as error:
 DIRECTORY, NAME = os.path.split(GGUF_PATH)
 
 # Last-position logits of our float64 NumPy forward against transformers' float32 forward,
-# absolute (|logit| reaches ~20): measured 3.2e-5 (PITFALLS: 2.4e-5 with a float32 forward);
+# absolute (|logit| reaches ~20): measured 3.2e-5 (2.4e-5 with a float32 NumPy forward);
 # a wrong rotary layout or a missed transpose is off by whole units.
 LOGIT_TOLERANCE = 1e-3
 

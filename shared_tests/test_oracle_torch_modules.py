@@ -4,7 +4,7 @@ same weights through ``transformer_convert.torch_transformer``.
 PyTorch runs in eval mode with dropout 0, in the same dtype as ours. Masks are
 translated (True = masked there). Outputs are compared at real (non-pad) query
 positions only: PyTorch's fast path returns zeros at padded positions, where the
-references disagree with each other anyway (see PITFALLS).
+references disagree with each other anyway.
 """
 
 from __future__ import annotations

@@ -292,7 +292,7 @@ def test_a_file_storing_null_for_the_fields_that_follow_loads_to_the_model_it_wa
 
 
 def test_a_file_written_before_the_modern_decoders_fields_still_loads(tmp_path):
-    """Files of earlier versions lack the fields issue 12 added; their defaults are the model
+    """Files of earlier versions lack the modern decoder's fields (ADDED_LATER); their defaults are the model
     those files hold, so such a file loads. Any other missing field is refused."""
     from safetensors import safe_open
 

@@ -29,7 +29,7 @@ class Mutant:
 
 M = Mutant
 MUTANTS: list[Mutant] = [
-    # ---- the three examples of issue 13 -------------------------------------------------------
+    # ---- a stack reading the other stack's final-norm flag ------------------------------------------
     M("torch-decoder-final-norm-reads-encoder-flag", "torch_impl/decoder.py",
       "make_norm(config, dtype) if config.decoder_final_norm else None",
       "make_norm(config, dtype) if config.encoder_final_norm else None",

@@ -79,7 +79,7 @@ class JaxBackend(Backend):
     def __init__(self):
         import jax
 
-        jax.config.update("jax_enable_x64", True)  # float64 parity needs it; see PITFALLS
+        jax.config.update("jax_enable_x64", True)  # without it JAX silently computes float64 in float32
         self.jnp = importlib.import_module("jax.numpy")
         self.impl = importlib.import_module(package(self.name))
 
