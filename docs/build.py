@@ -4,10 +4,11 @@ Every page is a pure function of the source files (cut out with ``ast``, highlig
 pygments), ``docs/components.py`` (the page list) and four committed measurements:
 ``docs/parity.json`` (the test suite's numbers), ``docs/walkthrough.json``,
 ``docs/pitfalls.json`` and ``docs/smollm2.json`` (with the attention maps it names, in
-``docs/images/``, copied into the site). The site itself is not committed: it is built from the source
-(here, by ``nox -s docs``, and by ``shared_tests/test_docs.py`` into a temporary folder) and
-checked for what a reader needs, never compared byte for byte, so a comment or a blank line
-in a backend, or another pygments version, changes nothing that is checked.
+``docs/images/``, copied into the site), and the markdown pages of ``docs/`` that the README
+links (``docs/prose.py``: the same text as on GitHub). The site itself is not committed: it is
+built from the source (here, by ``nox -s docs``, and by ``shared_tests/test_docs.py`` into a
+temporary folder) and checked for what a reader needs, never compared byte for byte, so a
+comment or a blank line in a backend, or another pygments version, changes nothing that is checked.
 
 - ``--check``: then check the site built (``docs.check``: every page, every definition that
   ``docs/components.py`` names in every backend, every link, real code in all three
@@ -28,7 +29,7 @@ from pygments.formatters import HtmlFormatter
 
 from transformer_mirror.mirror import mirror_report
 
-from . import check, chromium, layout, mirror_page, pages, parity, source
+from . import check, chromium, layout, mirror_page, pages, parity, prose, source
 from .components import PAGES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -69,6 +70,7 @@ def render_site(root: pathlib.Path = ROOT) -> dict[str, str | bytes]:
         )
     extra.append(("tutorials", "Tutorials", "The five tutorials this reference grew from, and their bugs fixed here."))
     extra.append(("mirror", mirror_page.TITLE, mirror_page.SUMMARY))
+    extra += [(page.slug, page.label, page.summary) for page in prose.PAGES]
     nav = [("index", "Index"), *((p.slug, p.title.split(":")[0]) for p in PAGES), *((s, t) for s, t, _ in extra)]
     files = {"style.css": stylesheet()}
     files["index.html"] = pages.layout("Index", "index", pages.index_page(report, extra), nav)
@@ -86,6 +88,10 @@ def render_site(root: pathlib.Path = ROOT) -> dict[str, str | bytes]:
     files["tutorials.html"] = pages.layout("Tutorials", "tutorials", pages.tutorials_page(pitfalls), nav)
     body = mirror_page.mirror_page(mirror, _load(docs / "mirror_baseline.json"))
     files["mirror.html"] = pages.layout(mirror_page.TITLE, "mirror", body, nav)
+    for page in prose.PAGES:  # the markdown pages the README links
+        title, body, images = prose.render(root, page)
+        files[f"{page.slug}.html"] = pages.layout(title, page.slug, body, nav)
+        files.update((name, path.read_bytes()) for name, path in images.items())
     return dict(sorted(files.items()))
 
 

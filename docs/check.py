@@ -8,10 +8,10 @@ checked for what matters to a reader (``python -m docs.build --check``,
   in each backend's file, unless the page says why that backend has none (its ``notes``,
   or a backward pass where the framework has autograd). A renamed or removed definition is
   reported by file and name.
-- ``site_problems``: every page was built; every link between pages reaches a page and an
-  anchor on it, every link to a source file reaches a file; every component page has its
-  three columns, each showing real code: the lines shown are the file's lines at the
-  numbers shown.
+- ``site_problems``: every page was built (the markdown pages of ``docs/prose.py`` too); every
+  link between pages reaches a page and an anchor on it, every link to a source file reaches a
+  file; every component page has its three columns, each showing real code: the lines shown
+  are the file's lines at the numbers shown.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import html.parser
 import pathlib
 import re
 
-from . import source
+from . import prose, source
 from .components import PAGES, declared_absent
 from .pages import BACKENDS, SOURCE_LINK, parse_code
 
@@ -138,7 +138,7 @@ def _code_cell_problems(root: pathlib.Path, page: str, cell: Node) -> list[str]:
 def site_problems(root: pathlib.Path, site: pathlib.Path) -> list[str]:
     """What is wrong with the site built in ``site`` from the source in ``root`` (nothing: [])."""
     pages = {p.name: parse(p.read_text(encoding="utf-8")) for p in sorted(site.glob("*.html"))}
-    expected = ["index.html", "tutorials.html", *(f"{page.slug}.html" for page in PAGES)]
+    expected = ["index.html", "tutorials.html", *(f"{page.slug}.html" for page in (*PAGES, *prose.PAGES))]
     found = [f"{name} was not built" for name in expected if name not in pages]
     if not (site / "style.css").exists():
         found.append("style.css was not built")

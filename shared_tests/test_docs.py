@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from docs import build, check, chromium, layout, source
+from docs import build, check, chromium, layout, prose, source
 from docs.components import NOT_SHOWN, PAGES
 from docs.mathml import tex_to_mathml
 from docs.pages import BACKENDS, parse_code
@@ -42,6 +42,40 @@ def test_every_definition_a_page_names_is_in_every_backend():
 def test_every_page_builds_with_working_links_and_three_columns_of_real_code(site):
     problems = check.site_problems(ROOT, site)
     assert not problems, "\n".join(problems)
+
+
+def test_every_markdown_page_of_docs_is_a_page_of_the_site_with_the_same_headings(site):
+    """docs/*.md (the pages the README links) are rendered into the site, each heading with the id
+    GitHub gives it, so that a link to page.md#heading reaches the same heading in both places."""
+    assert {page.file for page in prose.PAGES} == {path.name for path in (ROOT / "docs").glob("*.md")}
+    for page in prose.PAGES:
+        built = (site / f"{page.slug}.html").read_text(encoding="utf-8")
+        text = (ROOT / "docs" / page.file).read_text(encoding="utf-8")
+        for heading in re.findall(r"^#{1,3} (.+)$", _outside_code(text), re.M):
+            assert f'id="{prose.heading_id(heading)}"' in built, f"{page.file}: no id for the heading {heading!r}"
+        assert f'href="{page.slug}.html"' in (site / "index.html").read_text(encoding="utf-8"), "not on the index"
+
+
+def _outside_code(text: str) -> str:
+    """A markdown page without its fenced code blocks (a '# comment' in one is no heading)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def test_a_markdown_page_links_pages_as_pages_files_as_source_and_images_into_the_site(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "contracts.md").write_text(
+        "# Title `x`\n\n## What `compare` prints (bf16)\n\n[a](measurements.md#what-compare-prints) "
+        "[b](../README.md#more) [c](https://example.org/) [d](#title-x)\n\n![plot](images/loss.png)\n\n"
+        "| a | b |\n| --- | --- |\n| `x\\|y` | 2 |\n",
+        encoding="utf-8",
+    )
+    title, body, images = prose.render(tmp_path, prose.BY_FILE["contracts.md"])
+    assert title == "Title x"
+    assert '<h2 id="what-compare-prints-bf16">' in body and '<h1 id="title-x">' in body
+    assert 'href="measurements.html#what-compare-prints"' in body
+    assert 'href="../../README.md#more"' in body and 'href="https://example.org/"' in body and 'href="#title-x"' in body
+    assert '<img src="loss.png" alt="plot"' in body and images == {"loss.png": tmp_path / "docs" / "images" / "loss.png"}
+    assert "<td><code>x|y</code></td>" in body, "tables are rendered"
 
 
 def test_each_tutorials_pitfalls_are_among_its_fixes(site):

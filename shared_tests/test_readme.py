@@ -204,15 +204,25 @@ def test_every_code_block_of_the_markdown_pages_is_closed():
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def test_every_relative_link_of_the_markdown_pages_reaches_a_file():
+def anchors(text: str) -> set[str]:
+    """The ids GitHub gives a markdown file's headings (fenced code left out)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    headings = re.findall(r"^#{1,6} (.+)$", text, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.replace("`", "").strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_relative_link_of_the_markdown_pages_reaches_a_file_and_its_heading():
     broken = []
     for name, text in markdown_pages().items():
         for target in LINK.findall(text):
-            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            if re.match(r"[a-z]+:", target):
                 continue
-            path = (ROOT / name).parent / target.split("#")[0]
+            file, _, anchor = target.partition("#")
+            path = (ROOT / name).parent / file if file else ROOT / name
             if not path.exists():
                 broken.append(f"{name}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path.read_text(encoding="utf-8")):
+                broken.append(f"{name}: {target} (no such heading)")
     assert not broken, broken
 
 
