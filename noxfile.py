@@ -88,7 +88,7 @@ def bench(session):
 
 
 # The tests whose numbers the docs site shows under each component (see docs/components.py) and
-# the README's generated tables (tools/readme_numbers.py's SUITE_TESTS, the same list).
+# the generated tables of the README and docs/*.md (tools/readme_numbers.py's SUITE_TESTS, the same list).
 DOCS_PARITY_TESTS = ["shared_tests/test_components.py", "shared_tests/test_models.py",
                      "shared_tests/test_gradients.py", "shared_tests/test_decoding.py",
                      "shared_tests/test_dropout.py", "shared_tests/test_fast_paths.py",
@@ -111,7 +111,7 @@ def docs(session):
     session.run("python", "-m", "docs.walkthrough")
     session.run("python", "-m", "docs.pitfalls_data")
     session.run("python", "-m", "docs.build", "--check", "--screenshot")
-    session.run("python", "-m", "tools.readme_numbers")  # the README's tables from the new parity.json
+    session.run("python", "-m", "tools.readme_numbers")  # the generated tables from the new parity.json
     session.run("pytest", "shared_tests/test_docs.py", *session.posargs)
 
 

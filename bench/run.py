@@ -45,7 +45,7 @@ class Plan:
         self.smollm2 = ((1, 8), Budget(4, 4, 0.0) if quick else Budget(4, 8, 90.0))
 
     def shapes(self, sections: list[str]) -> str:
-        """The sizes of the sections that ran, in words (the report's and the README's source line)."""
+        """The sizes of the sections that ran, in words (the report's and docs/performance.md's source line)."""
         parts = {
             ("torch", "jax", "numpy", "baseline", "compile", "breakdown"): f"{' / '.join(self.sizes)} at 8 x 128",
             ("bert",): f"BERT {self.bert[0]} at {self.bert[1]} x {self.bert[2]}",

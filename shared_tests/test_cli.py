@@ -1,4 +1,4 @@
-"""The console command: what the README promises runs, and prints what it says."""
+"""The console command: what the README and the docs pages promise runs, and prints what it says."""
 
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ def test_held_out_perplexity_counts_non_pad_targets_only():
 
 
 # A short float64 run on a tiny model, on the first training windows (the full default model over
-# 200 steps: README, "Training on real text"). Odd sizes, as everywhere in the suite.
+# 200 steps: docs/gradients-and-training.md, "Training on real text"). Odd sizes, as everywhere in the suite.
 CURVE_CONFIG = corpus.config(d_model=24, num_heads=3, num_kv_heads=1, d_ff=29, num_decoder_layers=2, max_len=12)
 CURVE_STEPS_HERE = 100
 

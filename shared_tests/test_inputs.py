@@ -4,7 +4,7 @@ Each case is run in the backend under test and in the NumPy reference:
 accepted inputs give the output the backend gives for its own arrays; refused ones raise the
 same exception type with the same message, one that names what was expected and what came.
 
-The choices these tests pin (README, "Contracts"):
+The choices these tests pin (docs/contracts.md):
 
 * A model reads its ids, masks and token types the way ``np.asarray`` reads them: its own
   arrays, NumPy arrays, another framework's arrays (a torch tensor, a JAX array) and regular

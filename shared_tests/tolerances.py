@@ -122,7 +122,7 @@ CURVE_WORST: dict[tuple[str, str], float] = {}
 
 
 def record_curve(run: str, error: float, tolerance: float) -> None:
-    """Also a "loss curve" check of ``--parity-json`` (float64), for the README's training table."""
+    """Also a "loss curve" check of ``--parity-json`` (float64), for the gradients table of docs/gradients-and-training.md."""
     key = (current_backend["name"], run)
     CURVE_WORST[key] = max(error, CURVE_WORST.get(key, 0.0))
     record_parity("loss curve", "float64", error, tolerance)

@@ -59,7 +59,7 @@ POLICIES = {
 
 BACKEND_POLICY = {"numpy": ("autocast", "compute_dtype"), "torch": ("autocast",), "jax": ("compute_dtype",)}
 
-# Where each op runs, per policy (op, autocast, compute_dtype): the docs' and the README's table.
+# Where each op runs, per policy (op, autocast, compute_dtype): the docs' table (docs/gradients-and-training.md).
 OPS = (
     ("embedding lookup", "float32", "bf16"),
     ("linear layers (q, k, v, o, feed-forward, output projection)", "bf16, float32 accumulation", "bf16"),
