@@ -589,7 +589,7 @@ PAGES: tuple[Page, ...] = (
         code=(
             "transformer_run/mixed_precision.py: POLICIES, OPS, BUDGET, relative_error, gradients_error",
             "mixed_precision.py: compute_in_bf16, in_compute_dtype, keep_random_streams, Bf16Compute, _plain, "
-            "_result_dtype, _in_float32, _wrap, _float_arrays, _check, _arrays",
+            "_result_dtype, _in_float32, _wrap, _float_arrays, _check",
             "mixed_precision.py: mixed_precision_logits, _logits, mixed_precision_loss_and_grads, _loss_and_grads",
         ),
         tests=("*test_mixed_precision.py::*",),
@@ -604,7 +604,6 @@ PAGES: tuple[Page, ...] = (
             "_wrap": "Not needed: no emulation.",
             "_float_arrays": "Not needed: the framework finds its parameters.",
             "_check": "Not needed: checked in compute_in_bf16.",
-            "_arrays": "Not needed: the model is called eagerly.",
             "_logits": "Not needed: nothing to compile.",
             "_loss_and_grads": "Not needed: nothing to compile.",
         },

@@ -1,5 +1,7 @@
 """The Transformer in JAX + Flax NNX (float32, or float64 with jax_enable_x64): a translation of numpy_impl."""
 
+import jax
+
 from transformer_spec import ModelOutput
 
 from .attention import (
@@ -51,6 +53,11 @@ from .sublayer import sublayer_connection
 from .trace import named_modules, trace_model
 from .train import train, train_step
 from .training import loss_and_grads
+
+# Matmul precision, set once for the process as torch's is: without it JAX lets a GPU or TPU run
+# a float32 matmul as TF32 or bf16 passes (about 3 significant digits), far from the NumPy
+# reference; torch's float32 matmuls are full precision unless a user allows TF32.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 BACKEND = "jax"
 

@@ -67,7 +67,7 @@ class DecoderLayer(nnx.Module):
             norm_first,
             self.self_attn_dropout,
         )  # (B, T_tgt, d_model), (B, H, T_tgt, T_tgt) or None
-        record(self, "after_self_attn", x)
+        record(self, after_self_attn=x)
         cross_weights = None
         if self.config.decoder_has_cross_attention:
             _check_memory(memory, x, self.config.d_model)
@@ -79,11 +79,11 @@ class DecoderLayer(nnx.Module):
                 norm_first,
                 self.cross_attn_dropout,
             )  # (B, T_tgt, d_model), (B, H, T_tgt, T_src) or None
-            record(self, "after_cross_attn", x)
+            record(self, after_cross_attn=x)
         x, _ = sublayer_connection(
             x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout
         )  # (B, T_tgt, d_model)
-        record(self, "output", x)
+        record(self, output=x)
         return x, self_weights, cross_weights
 
     def empty_cache(self, batch: int, memory: Array | None = None) -> LayerCache:

@@ -69,9 +69,9 @@ class PositionwiseFeedForward(nnx.Module):
         self.check_inputs(x)  # shapes and dtypes: refused with a message
         pre_activation = self.w_1(x)  # (B, T, d_model) -> (B, T, d_ff)
         hidden = self.activation(pre_activation)  # (B, T, d_ff)
-        record(self, "hidden", hidden)
+        record(self, hidden=hidden)
         output = self.w_2(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, d_model)
-        record(self, "output", output)
+        record(self, output=output)
         return output
 
 
@@ -105,9 +105,9 @@ class GatedFeedForward(nnx.Module):
         gate = self.w_gate(x)  # (B, T, d_model) -> (B, T, d_ff)
         up = self.w_up(x)  # (B, T, d_model) -> (B, T, d_ff)
         hidden = self.activation(gate) * up  # (B, T, d_ff)
-        record(self, "hidden", hidden)
+        record(self, hidden=hidden)
         output = self.w_down(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, d_model)
-        record(self, "output", output)
+        record(self, output=output)
         return output
 
 

@@ -50,7 +50,7 @@ class LayerNorm(nnx.Module):
         y = x_hat * self.weight[...]  # (..., d_model); [...] reads the Param's array
         if self.bias is not None:
             y = y + self.bias[...]  # (..., d_model)
-        record(self, "output", y)
+        record(self, output=y)
         return y
 
 
@@ -81,7 +81,7 @@ class RMSNorm(nnx.Module):
         rms = jnp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # (..., 1)
         x_hat = x / rms  # (..., d_model)
         y = x_hat * self.weight[...]  # (..., d_model)
-        record(self, "output", y)
+        record(self, output=y)
         return y
 
 

@@ -70,7 +70,7 @@ class Generator(nnx.Module):
             logits = self.proj(x)  # (B, T, V)
         if self.logits_bias is not None:
             logits = logits + self.logits_bias[...]  # (B, T, V)
-        record(self, "logits", logits)
+        record(self, logits=logits)
         return logits
 
 
@@ -130,7 +130,7 @@ class Transformer(nnx.Module):
         the encoder and for cross-attention, causal AND target padding for the decoder."""
         src_ids, tgt_ids, src_mask, tgt_mask, memory_mask = self.check_inputs(
             src_ids, tgt_ids, src_mask, tgt_mask, memory_mask
-        )  # checked once, here; lists and other frameworks' arrays converted
+        )  # (B, T_src), (B, T_tgt), masks or None: checked and converted once, here
         memory, encoder_hidden, encoder_attentions = self.encode(
             src_ids, src_mask, return_attentions, return_hidden_states
         )  # (B, T_src, d_model), ...
@@ -178,7 +178,7 @@ class TransformerLM(nnx.Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
-        ids, mask = self.check_inputs(ids, mask)  # checked once, here; lists and other arrays converted
+        ids, mask = self.check_inputs(ids, mask)  # (B, T), mask or None: checked once, here
         if mask is None:
             mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
         x, hidden, attentions, _ = self.decoder(
@@ -202,7 +202,7 @@ class Pooler(nnx.Module):
 
     def __call__(self, x: Array) -> Array:
         pooled = jnp.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
-        record(self, "output", pooled)
+        record(self, output=pooled)
         return pooled
 
 
@@ -240,7 +240,7 @@ class TransformerEncoderModel(nnx.Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
-        ids, token_type_ids, mask = self.check_inputs(ids, token_type_ids, mask)  # checked once, here
+        ids, token_type_ids, mask = self.check_inputs(ids, token_type_ids, mask)  # (B, T) each
         if mask is None:
             mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         x, hidden, attentions = self.encoder(

@@ -45,11 +45,11 @@ class EncoderLayer(Module):
             norm_first,
             self.self_attn_dropout,
         )  # (B, T, d_model), (B, H, T, T) or None
-        record(self, "after_self_attn", x)
+        record(self, after_self_attn=x)
         x, _ = sublayer_connection(
             x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout
         )  # (B, T, d_model)
-        record(self, "output", x)
+        record(self, output=x)
         return x, weights
 
     def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:

@@ -96,9 +96,9 @@ class PositionwiseFeedForward(Module):
         pre_activation = self.w_1(x)  # (B, T, d_model) -> (B, T, d_ff)
         hidden = self.activation(pre_activation)  # (B, T, d_ff)
         self.keep(pre_activation=pre_activation)  # differs: numpy-autograd
-        record(self, "hidden", hidden)
+        record(self, hidden=hidden)
         output = self.w_2(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, d_model)
-        record(self, "output", output)
+        record(self, output=output)
         return output
 
     def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
@@ -143,9 +143,9 @@ class GatedFeedForward(Module):
         up = self.w_up(x)  # (B, T, d_model) -> (B, T, d_ff)
         hidden = self.activation(gate) * up  # (B, T, d_ff)
         self.keep(gate=gate, up=up)  # differs: numpy-autograd
-        record(self, "hidden", hidden)
+        record(self, hidden=hidden)
         output = self.w_down(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, d_model)
-        record(self, "output", output)
+        record(self, output=output)
         return output
 
     def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:

@@ -79,9 +79,8 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
     k = module.split_heads(module.w_k(key))  # (B, H_kv, T_k, d_k)
     v = module.split_heads(module.w_v(value))  # (B, H_kv, T_k, d_k)
-    if module.rotary is not None:
-        q, k = module.rotary(q), module.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
-    groups = module.num_heads // module.num_kv_heads
+    q, k = module.rotary(q), module.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
+    groups = module.groups
     if groups > 1:  # grouped-query attention: query head h reads kv head h // groups
         k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)  # (B, H, T_k, d_k) each
     context = np.empty_like(q)  # (B, H, T_q, d_k)
@@ -110,8 +109,7 @@ KERNELS["multi_head_attention"] = multi_head_attention
 def attend(module, query, cache, mask=None, position=0):
     """``MultiHeadAttention.attend`` with the query heads of each key/value head as one block."""
     q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
-    if module.rotary is not None:
-        q = module.rotary(q, position)  # (B, H, T_q, d_k)
+    q = module.rotary(q, position)  # (B, H, T_q, d_k)
     batch, heads, t_q, d_k = q.shape
     kv_heads, t_k = cache.k.shape[1], cache.k.shape[2]
     groups = heads // kv_heads

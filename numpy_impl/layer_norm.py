@@ -46,7 +46,7 @@ class LayerNorm(Module):
         if self.bias is not None:
             y = y + self.bias  # (..., d_model)
         self.keep(x_hat=x_hat, std=std)  # differs: numpy-autograd
-        record(self, "output", y)
+        record(self, output=y)
         return y
 
     def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
@@ -93,7 +93,7 @@ class RMSNorm(Module):
         x_hat = x / rms  # (..., d_model)
         y = x_hat * self.weight  # (..., d_model)
         self.keep(x_hat=x_hat, rms=rms)  # differs: numpy-autograd
-        record(self, "output", y)
+        record(self, output=y)
         return y
 
     def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:

@@ -44,7 +44,7 @@ class Generator(Module):
         if self.logits_bias is not None:
             logits = logits + self.logits_bias  # (B, T, V)
         self.keep(x=x, embedding=embedding)  # differs: numpy-autograd
-        record(self, "logits", logits)
+        record(self, logits=logits)
         return logits
 
     def backward(self, grad_output: Array) -> tuple[tuple[Array, Array | None], dict[str, Array]]:
@@ -119,7 +119,7 @@ class Transformer(Module):
         the encoder and for cross-attention, causal AND target padding for the decoder."""
         src_ids, tgt_ids, src_mask, tgt_mask, memory_mask = self.check_inputs(
             src_ids, tgt_ids, src_mask, tgt_mask, memory_mask
-        )  # checked once, here; lists and other frameworks' arrays converted
+        )  # (B, T_src), (B, T_tgt), masks or None: checked and converted once, here
         memory, encoder_hidden, encoder_attentions = self.encode(
             src_ids, src_mask, return_attentions, return_hidden_states
         )  # (B, T_src, d_model), ...
@@ -188,7 +188,7 @@ class TransformerLM(Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
-        ids, mask = self.check_inputs(ids, mask)  # checked once, here; lists and other arrays converted
+        ids, mask = self.check_inputs(ids, mask)  # (B, T), mask or None: checked once, here
         if mask is None:
             mask = make_decoder_mask(ids, self.config.pad_id)  # (B, 1, T, T)
         x, hidden, attentions, _ = self.decoder(
@@ -228,7 +228,7 @@ class Pooler(Module):
 
     def __call__(self, x: Array) -> Array:
         pooled = np.tanh(self.proj(x[:, 0]))  # (B, T, d_model) -> (B, d_model)
-        record(self, "output", pooled)
+        record(self, output=pooled)
         return pooled
 
 
@@ -266,7 +266,7 @@ class TransformerEncoderModel(Module):
         return_attentions: bool = False,
         return_hidden_states: bool = False,
     ) -> ModelOutput:
-        ids, token_type_ids, mask = self.check_inputs(ids, token_type_ids, mask)  # checked once, here
+        ids, token_type_ids, mask = self.check_inputs(ids, token_type_ids, mask)  # (B, T) each
         if mask is None:
             mask = make_padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         x, hidden, attentions = self.encoder(

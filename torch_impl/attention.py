@@ -61,11 +61,13 @@ def scaled_dot_product_attention(
     check_float_inputs(("q", "k", "v"), (q, k, v))
     scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
     check_mask("mask", mask, tuple(scores.shape))
-    record(None, "scores", scores)  # traced under the calling module's name
+    record(None, scores=scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
-    record(None, "weights", weights)
+    record(None, weights=weights)
     used = weights if dropout is None else dropout(weights)  # (..., T_q, T_k)
-    return used @ v, weights  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+    context = used @ v  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+    record(None, context=context)
+    return context, weights
 
 
 def repeat_kv(x: Array, groups: int) -> Array:
@@ -100,6 +102,15 @@ def append_to_cache(cached: Array, new: Array, position: int, axis: int) -> Arra
     return torch.cat([cached, new], dim=axis)  # (..., position + T_new, ...)
 
 
+class NoRotation(nn.Module):
+    """The queries and keys as they are: the attention of a model without rotary positions (the
+    paper's sinusoids and BERT's learned positions are added to the embeddings instead), and
+    every cross-attention (positions mean something only within one sequence)."""
+
+    def forward(self, x: Array, offset: int = 0) -> Array:
+        return x  # (B, H, T, d_k)
+
+
 class MultiHeadAttention(nn.Module):
     """h heads in one set of matrices: project, split into heads, attend, merge, project.
 
@@ -115,6 +126,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.config = config
         self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.num_kv_heads, config.d_k
+        self.groups = config.num_heads // config.num_kv_heads  # query heads per key/value head
         d_q, d_kv, bias = config.num_heads * config.d_k, config.num_kv_heads * config.d_k, config.attention_bias
         self.w_q = Linear(config.d_model, d_q, bias, dtype)
         self.w_k = Linear(config.d_model, d_kv, bias, dtype)
@@ -122,7 +134,7 @@ class MultiHeadAttention(nn.Module):
         self.w_o = Linear(d_q, config.d_model, bias, dtype)
         if rotary is None:
             rotary = config.positional == "rotary"
-        self.rotary = RotaryEmbedding(config, dtype) if rotary else None
+        self.rotary = RotaryEmbedding(config, dtype) if rotary else NoRotation()
         self.dropout = Dropout(config.dropout)  # on the attention weights
 
     def split_heads(self, x: Array) -> Array:
@@ -147,7 +159,7 @@ class MultiHeadAttention(nn.Module):
         check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
         check_float_inputs(("query", "key", "value"), (query, key, value), self)
         check_mask("mask", mask, (query.shape[0], self.num_heads, query.shape[1], key.shape[1]))
-        if self.rotary is not None:  # queries and keys at positions 0 .. T - 1 of the rotary tables
+        if isinstance(self.rotary, RotaryEmbedding):  # positions 0 .. T - 1 of its tables
             check_rows(0, max(query.shape[1], key.shape[1]), self.config.max_len)
 
     @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
@@ -159,23 +171,18 @@ class MultiHeadAttention(nn.Module):
         mask: Array | None = None,
         need_weights: bool = False,
     ) -> tuple[Array, Array | None]:
-        """query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model), weights (B, H, T_q, T_k)."""
+        """query (B, T_q, d_model), key and value (B, T_k, d_model) -> output (B, T_q, d_model),
+        and the attention weights (B, H, T_q, T_k) when ``need_weights``."""
         self.check_inputs(query, key, value, mask)  # shapes and dtypes: refused with a message
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
         k = self.split_heads(self.w_k(key))  # (B, H_kv, T_k, d_k)
         v = self.split_heads(self.w_v(value))  # (B, H_kv, T_k, d_k)
-        if self.rotary is not None:  # self-attention: queries and keys at positions 0 .. T - 1
-            q, k = self.rotary(q), self.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
-        record(self, "q", q)
-        record(self, "k", k)
-        record(self, "v", v)
-        groups = self.num_heads // self.num_kv_heads
-        k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, T_k, d_k) each
-        context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k), weights
-        context = self.merge_heads(context)  # (B, T_q, d_model)
-        record(self, "context", context)
-        output = self.w_o(context)  # (B, T_q, d_model)
-        record(self, "output", output)
+        q, k = self.rotary(q), self.rotary(k)  # (B, H, T_q, d_k), (B, H_kv, T_k, d_k)
+        record(self, q=q, k=k, v=v)
+        k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, T_k, d_k) each
+        context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k)
+        output = self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
+        record(self, output=output)
         return output, (weights if need_weights else None)
 
     # ---------------------------------------------------------------- decoding with a cache
@@ -186,8 +193,7 @@ class MultiHeadAttention(nn.Module):
         """x (B, T, d_model) at positions position .. position + T - 1 -> its keys and values,
         each (B, H_kv, T, d_k); the keys rotated by their positions when rotary."""
         k = self.split_heads(self.w_k(x))  # (B, H_kv, T, d_k)
-        if self.rotary is not None:
-            k = self.rotary(k, position)  # (B, H_kv, T, d_k)
+        k = self.rotary(k, position)  # (B, H_kv, T, d_k)
         return KeyValueCache(k, self.split_heads(self.w_v(x)))  # (B, H_kv, T, d_k) each
 
     def empty_cache(self, batch: int) -> KeyValueCache:
@@ -216,10 +222,8 @@ class MultiHeadAttention(nn.Module):
 
         The same arithmetic as ``forward``, whose keys and values were computed in the call."""
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
-        if self.rotary is not None:
-            q = self.rotary(q, position)  # (B, H, T_q, d_k)
-        groups = self.num_heads // self.num_kv_heads
-        k, v = repeat_kv(cache.k, groups), repeat_kv(cache.v, groups)  # (B, H, T_k, d_k) each
+        q = self.rotary(q, position)  # (B, H, T_q, d_k)
+        k, v = repeat_kv(cache.k, self.groups), repeat_kv(cache.v, self.groups)  # (B, H, T_k, d_k) each
         context, _ = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k)
         return self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
 

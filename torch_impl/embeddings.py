@@ -62,10 +62,10 @@ class Embeddings(nn.Module):
     def forward(self, ids: Array, token_type_ids: Array | None = None, offset: int = 0) -> Array:
         ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
         x = self.token(ids)  # (B, T, d_model)
-        record(self, "token", x)
+        record(self, token=x)
         if self.position is not None:
             position = self.position(ids.shape[1], offset)  # (T, d_model)
-            record(self, "position", position)
+            record(self, position=position)
             x = x + position[None]  # + (1, T, d_model)
         if self.token_type is not None:
             if token_type_ids is None:
@@ -74,12 +74,12 @@ class Embeddings(nn.Module):
             token_type_ids = token_ids("token_type_ids", token_type_ids, type_vocab, None, self)  # (B, T)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
             token_type = self.token_type(token_type_ids)  # (B, T, d_model)
-            record(self, "token_type", token_type)
+            record(self, token_type=token_type)
             x = x + token_type  # + (B, T, d_model)
         elif token_type_ids is not None:
             check_no_token_types()
         if self.norm is not None:
             x = self.norm(x)  # (B, T, d_model)
         x = self.dropout(x)  # (B, T, d_model)
-        record(self, "output", x)
+        record(self, output=x)
         return x

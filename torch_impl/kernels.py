@@ -152,8 +152,7 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     else:
         q, k, v = module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_q|T_k, d_q|d_kv)
     q, k, v = module.split_heads(q), module.split_heads(k), module.split_heads(v)  # (B, H|H_kv, T, d_k)
-    if module.rotary is not None:
-        q, k = module.rotary(q), module.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
+    q, k = module.rotary(q), module.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
     context = module.merge_heads(attention_context(q, k, v, mask))  # (B, T_q, d_q)
     return module.w_o(context), None  # (B, T_q, d_model)
 
@@ -165,8 +164,7 @@ KERNELS["multi_head_attention"] = multi_head_attention
 def attend(module, query, cache, mask=None, position=0):
     """``MultiHeadAttention.attend``: new queries over the key/value cache in one kernel."""
     q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
-    if module.rotary is not None:
-        q = module.rotary(q, position)  # (B, H, T_q, d_k)
+    q = module.rotary(q, position)  # (B, H, T_q, d_k)
     check_mask("mask", mask, (*q.shape[:-1], cache.k.shape[-2]))
     return module.w_o(module.merge_heads(attention_context(q, cache.k, cache.v, mask)))  # (B, T_q, d_model)
 

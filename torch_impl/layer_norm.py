@@ -48,7 +48,7 @@ class LayerNorm(nn.Module):
         y = x_hat * self.weight  # (..., d_model)
         if self.bias is not None:
             y = y + self.bias  # (..., d_model)
-        record(self, "output", y)
+        record(self, output=y)
         return y
 
 
@@ -79,7 +79,7 @@ class RMSNorm(nn.Module):
         rms = torch.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # (..., 1)
         x_hat = x / rms  # (..., d_model)
         y = x_hat * self.weight  # (..., d_model)
-        record(self, "output", y)
+        record(self, output=y)
         return y
 
 

@@ -74,9 +74,6 @@ REASONS: dict[str, str] = {
     "inputs eagerly (inside jit their values are unknown) and runs the forward pass as one jax.jit program "
     "(nnx.jit while dropout advances its random streams). NumPy and torch run eagerly: their compiled(model) "
     "is the model itself.",
-    "jax-precision-highest": "JAX's float32 matmuls may run at reduced precision on GPUs and TPUs (TF32, bf16 "
-    "passes) unless told otherwise, so each one names Precision.HIGHEST; NumPy's are full precision, and "
-    "torch's are pinned once, process-wide (torch.set_float32_matmul_precision('highest')).",
     "torch-device": "torch allocates on a device: a tensor made from nothing (torch.ones, torch.arange, "
     "torch.zeros) is told where, usually the device of an input, or it lands on the CPU next to a GPU "
     "model. NumPy has one device, and JAX puts new arrays on its default device.",

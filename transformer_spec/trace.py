@@ -1,7 +1,7 @@
 """Named intermediates: what ``transformer-ref trace`` prints and the docs' walkthrough shows.
 
 Every backend's modules mark their intermediates with one line each,
-``record(self, "scores", scores)``. Outside a recording that call returns at once (and
+``record(self, scores=scores)``. Outside a recording that call returns at once (and
 inside ``jax.jit`` it is a Python no-op at trace time), so the model code pays nothing.
 Inside ``with recording(names) as trace:`` each call stores a NumPy copy of the value
 under its full name, the module's path in the model plus the local name:
@@ -41,14 +41,20 @@ class Trace(dict):
 _local = threading.local()
 
 
-def record(module: object | None, name: str, value) -> None:
-    """Store ``value`` as ``<path of module>.<name>`` if a recording is in progress.
+def record(module: object | None, **values) -> None:
+    """Store each value as ``<path of module>.<name>`` if a recording is in progress:
+    ``record(self, q=q, k=k, v=v)``, in the order given.
 
     ``module=None``: under the path of the module that recorded last."""
     active = getattr(_local, "active", None)
     if not active:
         return
     names, trace, last_path = active[-1]
+    for name, value in values.items():
+        _store(names, trace, last_path, module, name, value)
+
+
+def _store(names: Mapping[int, str], trace: Trace, last_path: list, module: object | None, name: str, value) -> None:
     if "Tracer" in type(value).__name__:  # inside jax.jit: no values yet, and the modules are copies
         raise TypeError(
             f"trace: {name} has no concrete value ({type(value).__name__}); record eagerly "
@@ -56,13 +62,13 @@ def record(module: object | None, name: str, value) -> None:
         )
     if module is None:
         if not last_path:
-            raise KeyError(f"record(None, {name!r}): no module has recorded yet to attribute it to")
+            raise KeyError(f"record(None, {name}=...): no module has recorded yet to attribute it to")
         path = last_path[0]
     else:
         path = names.get(id(module))
         if path is None:
             raise KeyError(
-                f"record({type(module).__name__}, {name!r}): this module is not part of the model being traced"
+                f"record({type(module).__name__}, {name}=...): this module is not part of the model being traced"
             )
         last_path[:] = [path]
     key = f"{path}.{name}" if path else name
