@@ -256,7 +256,10 @@ PAGES: tuple[Page, ...] = (
             "features by pair, by angles m theta_i (Su et al., 2021). A rotation by m followed by one by -n is one "
             "by m - n, so the score of query m and key n depends on the positions only through their distance; "
             "the tests shift both positions and see the same score. A decoding step rotates its new key once, "
-            "before it joins the cache, and its query at its own position.",
+            "before it joins the cache, and its query at its own position. Every attention rotates its queries "
+            "and keys the same way: where a model has no rotary positions (the paper's sinusoids and BERT's learned "
+            "positions are added to the embeddings instead), and in every cross-attention, `NoRotation`, the "
+            "identity, takes `RotaryEmbedding`'s place, so the forward has no branch for it.",
             "Which features form a pair is a convention, and two are in use: HF Llama's `rotate_half` pairs i with "
             "i + d_k/2, GGUF (llama.cpp) and GPT-J pair 2i with 2i + 1. The same model in the two layouts differs by "
             "a fixed permutation of each head's q and k projection columns (`transformer_convert.rope`); loading GGUF "
@@ -264,6 +267,7 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "positional.py: rotary_tables, rotate_pairs, RotaryEmbedding",
+            "attention.py: NoRotation",
             "transformer_convert/rope.py: halves_to_interleaved_order, halves_to_interleaved, interleaved_to_halves, convert_rope_layout",
         ),
         tests=(

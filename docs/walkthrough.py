@@ -59,7 +59,7 @@ def measure(backends: tuple[str, ...] = BACKENDS) -> dict:
         "backends": list(backends),
         "how": (
             "Each backend's `trace_model(model, ids)` runs one forward pass and records every named "
-            "intermediate (`record(self, name, value)` in the modules); a name is the module's path in the "
+            "intermediate (`record(self, name=value)` in the modules); a name is the module's path in the "
             "model, the same path as its weights' names."
         ),
         "command": "python -m docs.walkthrough",
