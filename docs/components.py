@@ -372,7 +372,7 @@ PAGES: tuple[Page, ...] = (
             "validate.py: check_mask",
         ),
         parity_note=(
-            "Masks are booleans and are compared exactly (test_properties.py::"
+            "Masks are booleans and are compared exactly (test_attention_properties.py::"
             "test_causal_mask_is_lower_triangular_and_padding_mask_hides_pad_keys); every attention test above "
             "runs through them."
         ),

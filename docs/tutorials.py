@@ -210,7 +210,7 @@ TUTORIALS: tuple[Tutorial, ...] = (
                 "token attends to the padding.",
                 here="A model given no mask builds it from the ids and `config.pad_id` "
                 "([masks](masks.html#make_padding_mask), [the models](models.html)); adding padding does not "
-                "change the outputs at real tokens (`test_properties.py`).",
+                "change the outputs at real tokens (`test_models.py`).",
             ),
             Fix(
                 bug="What it calls the embedding layer's output is BERT's last hidden state "
@@ -250,7 +250,7 @@ TUTORIALS: tuple[Tutorial, ...] = (
                 "attends to that very word.",
                 here="`TransformerLM` builds a causal mask when given none "
                 "([masks](masks.html#make_decoder_mask), [the models](models.html#TransformerLM)); a future "
-                "token never changes a past output (`test_properties.py`).",
+                "token never changes a past output (`test_models.py`).",
             ),
             Fix(
                 bug="Its translator ORs a (B, 1, T, 1) target-padding mask into the causal mask: padded "

@@ -16,22 +16,11 @@ from transformer_cli.main import main
 from transformer_spec import Config, init_params, save_params
 from transformer_spec.io import FORMAT
 
+from .helpers import one_line_error
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 
-
-def one_line_error(capsys, argv: list[str], *words: str) -> str:
-    """Run ``transformer-ref argv``: it must exit with status 2 and print one line naming ``words``."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2, f"exit status {exit_info.value.code}"
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
-    assert lines[0].startswith(f"transformer-ref {argv[0]}: error: "), lines[0]
-    for word in words:
-        assert word in lines[0], f"{lines[0]!r} does not name {word!r}"
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -8,21 +8,11 @@ import pytest
 from transformer_spec import Config, attention_to_heads, init_params
 
 from .cases import DTYPES, TINY, VARIANTS, hidden, token_ids, variant_params
+from .helpers import run_component
 from .tolerances import assert_close
 
 pytestmark = pytest.mark.parametrize("dtype", DTYPES)
 
-
-def run_component(backend, reference, class_name, config, dtype, *args, component=None, **kwargs):
-    """Build ``class_name`` from the same seeded weights in ``backend`` (at ``dtype``) and in the
-    float64 reference; call both on the same inputs; return (got, want) as NumPy."""
-    schema_name = component or getattr(reference.impl, class_name).schema
-    params = init_params(config, seed=3, dtype="float64", component=schema_name, nonzero_biases=True)
-    want = reference.call(reference.build(class_name, config, params), *args, **kwargs)
-    cast = {k: v.astype(dtype) for k, v in params.items()}
-    args = [a.astype(dtype) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in args]
-    got = backend.call(backend.build(class_name, config, cast), *args, **kwargs)
-    return got, want
 
 
 @pytest.mark.parametrize("d_model", [36, 37, 6, 1])
@@ -192,3 +182,5 @@ def test_encoder_and_decoder_stacks_match_reference(backend, reference, dtype, c
     )
     for g, w in zip(got[1] + got[2] + got[3] + (got[0],), want[1] + want[2] + want[3] + (want[0],), strict=True):
         assert_close(g, w, dtype, "decoder stack")
+
+

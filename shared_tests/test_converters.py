@@ -215,3 +215,43 @@ def test_bert_converters_refuse_a_config_a_bert_cannot_hold():
             to_hf_bert(init_params(bad), bad)
         with pytest.raises(ValueError, match=f"a BERT has {field}="):
             from_hf_bert({}, bad)
+
+
+# ------------------------------------------------------------------ converters' key mapping
+# Their name -> (our name, how their tensor is laid out from ours), as the converters' docstrings
+# and the real libraries have them (nn.Linear stores [out, in]; GPT-2's Conv1D [in, out], with
+# c_attn = [q | k | v] side by side). Layer 0 of each; the round trip of test_converters.py
+# cannot see two names exchanged in both directions.
+D = 36  # the GPT-2 converter's d_model in test_converters.py
+
+
+PINNED = {
+    "BertModel": {
+        "encoder.layer.0.attention.output.LayerNorm.weight": ("encoder.layers.0.self_attn_norm.weight", None),
+        "encoder.layer.0.output.LayerNorm.weight": ("encoder.layers.0.ffn_norm.weight", None),
+        "encoder.layer.0.attention.self.key.weight": ("encoder.layers.0.self_attn.w_k.weight", np.transpose),
+        "encoder.layer.0.output.dense.weight": ("encoder.layers.0.ffn.w_2.weight", np.transpose),
+    },
+    "LlamaForCausalLM": {
+        "model.layers.0.self_attn.k_proj.weight": ("decoder.layers.0.self_attn.w_k.weight", np.transpose),
+        "model.layers.0.self_attn.v_proj.weight": ("decoder.layers.0.self_attn.w_v.weight", np.transpose),
+        "model.layers.0.mlp.gate_proj.weight": ("decoder.layers.0.ffn.w_gate.weight", np.transpose),
+        "model.layers.0.input_layernorm.weight": ("decoder.layers.0.self_attn_norm.weight", None),
+    },
+    "GPT2LMHeadModel": {
+        "transformer.h.0.attn.c_attn.weight": ("decoder.layers.0.self_attn.w_q.weight", lambda w: w[:, :D]),
+        "transformer.h.0.attn.c_attn.bias": ("decoder.layers.0.self_attn.w_k.bias", lambda b: b[D : 2 * D]),
+        "transformer.h.0.ln_2.weight": ("decoder.layers.0.ffn_norm.weight", None),
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(PINNED))
+def test_their_names_hold_the_tensors_the_libraries_give_them(name):
+    """Kills spec-bert-norm-names-swapped, spec-llama-k-v-swapped, spec-gpt2-qkv-order."""
+    converter, params, state = exported(name)
+    for theirs, (ours, cut) in PINNED[name].items():
+        tensor = state[theirs] if cut is None else cut(state[theirs])
+        assert np.array_equal(tensor, params[ours]), f"{theirs} does not hold our {ours}"
+    back = converter.from_theirs(state, converter.config)
+    assert all(np.array_equal(back[k], params[k]) for k in params)

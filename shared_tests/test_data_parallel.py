@@ -30,7 +30,8 @@ from transformer_run.schedules import warmup_schedule
 from transformer_spec import Config, init_params
 from transformer_spec.tolerances import TOLERANCE
 
-from .test_training import CURVE_TOLERANCE
+from .helpers import one_line_error, padded_batch
+from .tolerances import CURVE_TOLERANCE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LM, LLAMA = Config.preset("tiny-lm"), Config.preset("tiny-llama")
@@ -43,14 +44,6 @@ STEPS = 20
 FLOOR = {"float64": 1e-3, "float32": 1e-2}
 CHILD_TIMEOUT = 240  # seconds; the children take ~15 s here, side by side
 
-
-def padded_batch(config: Config) -> dict[str, np.ndarray]:
-    """8 rows, 8 positions, right-padded to lengths 8 8 7 5 3 2 2 1: uneven pad counts per shard."""
-    rng = np.random.default_rng(0)
-    ids = np.full((8, 9), config.pad_id, np.int64)
-    for row, length in enumerate([8, 8, 7, 5, 3, 2, 2, 1]):
-        ids[row, : length + 1] = rng.integers(4, config.tgt_vocab_size, length + 1)
-    return {"ids": ids[:, :-1], "targets": ids[:, 1:]}
 
 
 def schedule(config: Config):
@@ -154,8 +147,6 @@ def test_each_replica_draws_its_own_reproducible_dropout_masks():
     ],
 )
 def test_a_bad_data_parallel_option_is_one_line_and_status_2(capsys, argv, words):
-    from .test_cli_errors import one_line_error
-
     one_line_error(capsys, ["train", *argv], *words)
     assert "training" not in capsys.readouterr().out
 

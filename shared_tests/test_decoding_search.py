@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 
 from transformer_run.decoding import beam_search, greedy_decode, log_softmax
 
@@ -71,3 +72,20 @@ def test_greedy_pads_rows_after_their_eos():
     for row in out.tolist():
         if EOS in row:
             assert all(t == 0 for t in row[row.index(EOS) + 1 :])
+
+
+# ------------------------------------------------------------------ beam search, nothing finished
+@pytest.mark.parametrize("length_penalty", [0.0, 0.7, 1.0])
+def test_beam_search_with_no_finished_hypothesis_returns_the_best_running_one_length_normalised(length_penalty):
+    """eos=None: no hypothesis ever finishes, so the answer is the best running one, scored as a
+    finished one would be: log-probability / (generated length ** length_penalty). A beam of 16
+    holds every prefix of the 4 possible tokens, so the search is exact (brute force agrees).
+    Kills spec-beam-unfinished-not-length-normalised and spec-beam-length-counts-bos."""
+    stepper, src, max_len = MarkovStepper(seed=5), np.array([[0], [1], [2]]), 3
+    result = beam_search(stepper, src, BOS, None, max_len=max_len, beam_size=16, length_penalty=length_penalty)
+    for row in range(3):
+        candidates = [[BOS, *body] for body in itertools.product(range(2, VOCAB), repeat=max_len)]
+        log_probs = [sequence_log_prob(stepper, row, hypothesis) for hypothesis in candidates]
+        best = int(np.argmax(log_probs))
+        assert result.ids[row].tolist() == candidates[best]
+        assert abs(result.scores[row] - log_probs[best] / max_len**length_penalty) < 1e-12

@@ -7,6 +7,8 @@ across: parity runs use dropout 0 (see test_training.py)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,8 @@ from transformer_run.batches import split_batch
 from transformer_spec import Config, init_params
 
 from .cases import DTYPES, SHAPES, TINY, as_kind, model_inputs
-from .tolerances import assert_close
+from .helpers import training_batch
+from .tolerances import assert_close, assert_loss_and_gradients_match
 
 KINDS = ("encoder_decoder", "decoder_only", "encoder_only")
 
@@ -123,3 +126,115 @@ def test_train_trains_with_dropout_and_leaves_inference_mode(backend):
     inputs, _ = split_batch(config, batches[0])
     first, second = backend.call(model, *inputs).logits, backend.call(model, *inputs).logits
     assert np.array_equal(first, second)
+
+
+# ------------------------------------------------------------------ dropout under fixed masks
+def fixed_keep(shape: tuple[int, ...], rate: float) -> np.ndarray:
+    """The mask every backend draws for an input of ``shape``: True with probability 1 - rate."""
+    return np.random.default_rng([len(shape), *shape]).random(shape) >= rate
+
+
+@contextlib.contextmanager
+def fixed_dropout_masks(backend_name: str, impl):
+    """Every Dropout of ``impl`` draws ``fixed_keep`` masks; JAX runs eagerly (a compiled forward
+    pass cached by an earlier test would keep its own random masks)."""
+    cls = impl.Dropout
+    if backend_name == "numpy":
+
+        def numpy_call(self, x):
+            if not self.training or self.rate == 0:
+                self.keep(multiplier=None)
+                return x
+            multiplier = fixed_keep(x.shape, self.rate).astype(x.dtype) / (1.0 - self.rate)
+            self.keep(multiplier=multiplier)  # what the hand-written backward reads
+            return x * multiplier
+
+        method, replacement, context = "__call__", numpy_call, contextlib.nullcontext()
+    elif backend_name == "torch":
+        import torch
+
+        def torch_forward(self, x):
+            if not self.training or self.rate == 0:
+                return x
+            multiplier = fixed_keep(tuple(x.shape), self.rate) / (1.0 - self.rate)  # float64, as NumPy's
+            return x * torch.as_tensor(multiplier, dtype=x.dtype, device=x.device)
+
+        method, replacement, context = "forward", torch_forward, contextlib.nullcontext()
+    else:
+        import jax
+        import jax.numpy as jnp
+
+        def jax_call(self, x):
+            if self.deterministic or self.rate == 0:
+                return x
+            multiplier = fixed_keep(tuple(x.shape), self.rate) / (1.0 - self.rate)
+            return x * jnp.asarray(multiplier, x.dtype)
+
+        method, replacement, context = "__call__", jax_call, jax.disable_jit()
+    original = cls.__dict__[method]
+    setattr(cls, method, replacement)
+    try:
+        with context:
+            yield
+    finally:
+        setattr(cls, method, original)
+
+
+def _training_model(backend, config):
+    model = backend.impl.build_model(config, init_params(config, seed=3, dtype="float64", nonzero_biases=True))
+    model.train()
+    return model
+
+
+def _output(backend, model, config):
+    out = backend.call(model, *model_inputs(config, SHAPES["padded-3x11x7"]))
+    return out.logits if config.uses_decoder else out.last_hidden_state
+
+
+DROPOUT_CONFIGS = {
+    "post-norm": TINY.replace(dropout=0.3),
+    "pre-norm": TINY.replace(dropout=0.3, norm_first=True),
+    "modern": TINY.replace(  # RMSNorm, gated feed-forward, rotary positions, grouped-query attention
+        dropout=0.3, norm_first=True, norm="rms_norm", gated_ffn=True, activation="silu", positional="rotary",
+        num_kv_heads=1, bias=False,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("config", [pytest.param(c, id=n) for n, c in DROPOUT_CONFIGS.items()])
+@pytest.mark.parametrize("kind", KINDS)
+def test_dropout_sits_where_numpys_does_under_the_same_fixed_masks(backend_name, backend, reference, kind, config):
+    """Training mode, the same masks in every backend: the output is NumPy's. Dropout after the
+    residual addition (torch-prenorm-dropout-after-residual, jax-postnorm-dropout-after-residual,
+    numpy-prenorm-dropout-after-residual), after W_2 (torch-ffn-dropout-after-output-projection)
+    or missing from the attention weights (jax-attention-dropout-on-context) changes it."""
+    config = as_kind(config, kind)
+    with fixed_dropout_masks("numpy", reference.impl):
+        model = _training_model(reference, config)
+        want = _output(reference, model, config)
+        model.eval()
+        inference = _output(reference, model, config)
+    assert not np.allclose(want, inference), "the fixed masks must drop something"
+    with fixed_dropout_masks(backend_name, backend.impl):
+        model = _training_model(backend, config)
+        got = _output(backend, model, config)
+        assert np.array_equal(got, _output(backend, model, config)), "fixed masks: the same output twice"
+    assert_close(got, want, "float64", f"{kind} training-mode output under fixed dropout masks")
+
+
+@pytest.mark.parametrize("config", [pytest.param(c, id=n) for n, c in DROPOUT_CONFIGS.items()])
+@pytest.mark.parametrize("kind", ("encoder_decoder", "decoder_only"))
+def test_dropout_gradients_match_numpys_under_the_same_fixed_masks(backend_name, backend, reference, kind, config):
+    """The loss and every gradient in training mode with the same masks: NumPy's hand-written
+    backward (its dropout multipliers kept by the forward) against torch's and JAX's autograd."""
+    config = as_kind(config, kind)
+    batch = training_batch(config)
+    with fixed_dropout_masks("numpy", reference.impl):
+        want = reference.impl.loss_and_grads(_training_model(reference, config), batch, 0.1)
+    with fixed_dropout_masks(backend_name, backend.impl):
+        got = backend.impl.loss_and_grads(_training_model(backend, config), batch, 0.1)
+    assert_loss_and_gradients_match(got, want, f"{kind} under fixed dropout masks")
+    inputs, targets = split_batch(config, batch)
+    eval_model = reference.impl.build_model(config, init_params(config, seed=3, dtype="float64", nonzero_biases=True))
+    eval_loss = float(reference.impl.cross_entropy(eval_model(*inputs).logits, targets, config.pad_id, 0.1))
+    assert eval_loss != pytest.approx(want[0], rel=1e-6), "the fixed masks must change the loss"

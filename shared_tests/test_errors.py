@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from transformer_spec import Config, WeightsError, WeightsFileError, init_params, save_params
 
 from .cases import TINY, as_kind, hidden
+from .helpers import (
+    DRAWN_DTYPES,
+    bad_component_calls,
+    bad_model_calls,
+    configs,
+    hypothesis_settings,
+    layer_count,
+    same_outcome,
+)
 
 LM = as_kind(TINY, "decoder_only")
 BERT = Config.preset("tiny-bert")
@@ -183,3 +194,40 @@ def test_a_weights_file_for_another_config_names_the_keys(backend, tmp_path):
     model = backend.impl.load_model(str(path))
     with pytest.raises(WeightsError, match="missing keys"):
         backend.impl.build_model(TINY, backend.impl.to_params(model))
+
+
+# ------------------------------------------------------------------ random cases, drawn by hypothesis
+@hypothesis_settings(max_examples=30)
+@given(case=bad_model_calls())
+def test_random_bad_model_inputs_raise_the_references_error(backend, reference, case):
+    config, label, args, kwargs = case
+    params = init_params(config, seed=1, dtype="float64")
+
+    def call(b):
+        return b.call(b.impl.build_model(config, params), *args, **kwargs)
+
+    same_outcome(backend, reference, call, f"{label} into {config.kind}", layers=layer_count(config))
+
+
+@hypothesis_settings(max_examples=40)
+@given(case=bad_component_calls())
+def test_random_bad_component_inputs_raise_the_references_error(backend, reference, case):
+    config, name, schema, label, args = case
+    params = init_params(config, seed=2, dtype="float64", component=schema)
+    same_outcome(backend, reference, lambda b: b.call(b.build(name, config, params), *args), label, layers=1)
+
+
+@hypothesis_settings(max_examples=25)
+@given(config=configs(), other=configs(), dtype=st.sampled_from(DRAWN_DTYPES))
+def test_weights_of_another_config_are_refused_with_the_references_message(backend, reference, config, other, dtype):
+    """init_params(other) into build_model(config): the same WeightsError (missing, unexpected or
+    misshapen keys) in every backend; where the two schemas agree, the same model."""
+    params = init_params(other, seed=4, dtype=dtype)
+    try:
+        reference.impl.build_model(config, params)
+    except (WeightsError, ValueError) as error:
+        with pytest.raises(type(error)) as raised:
+            backend.impl.build_model(config, params)
+        assert str(raised.value) == str(error)
+    else:
+        backend.impl.build_model(config, params)

@@ -23,9 +23,17 @@ from transformer_run.batches import decoder_only_batch, encoder_decoder_batch, s
 from transformer_spec import Config, init_params, param_schema, parent_of
 
 from .cases import TINY, VARIANTS, as_kind, hidden, token_ids, variant_params
+from .helpers import (
+    STEP,
+    build,
+    check_finite_differences,
+    check_model_against_finite_differences,
+    module_arrays,
+    output_weights,
+    training_batch,
+)
 from .tolerances import assert_close, assert_loss_and_gradients_match, assert_matches_finite_differences
 
-STEP = 1e-6  # float64 central differences: truncation ~STEP^2, rounding ~1e-16 |f| / STEP
 DECODER_KINDS = ("encoder_decoder", "decoder_only")
 PRE_AND_POST_NORM = [
     pytest.param(VARIANTS["post-relu-sinusoidal"], id="post-relu"),
@@ -33,65 +41,6 @@ PRE_AND_POST_NORM = [
     pytest.param(VARIANTS["post-gelu_tanh-nobias"], id="post-gelu_tanh-nobias"),
 ]
 
-
-# ------------------------------------------------------------------ finite-difference helpers
-def central_difference(loss, array: np.ndarray, index: tuple) -> float:
-    """d loss / d array[index], by perturbing that one entry in place (and restoring it)."""
-    original = array[index]
-    array[index] = original + STEP
-    plus = loss()
-    array[index] = original - STEP
-    minus = loss()
-    array[index] = original
-    return (plus - minus) / (2 * STEP)
-
-
-def coordinates(grad: np.ndarray, rng: np.random.Generator, full_up_to: int, samples: int) -> list[tuple]:
-    """Every coordinate of a small tensor; otherwise its largest gradient, a few random entries
-    among those with a gradient (an embedding table's unused rows have none) and one anywhere."""
-    if grad.size <= full_up_to:
-        return list(np.ndindex(grad.shape))
-    picks = [np.unravel_index(np.abs(grad).argmax(), grad.shape)]
-    nonzero = np.argwhere(grad != 0)
-    for i in rng.choice(len(nonzero), size=min(samples, len(nonzero)), replace=False):
-        picks.append(tuple(nonzero[i]))
-    picks.append(tuple(int(rng.integers(0, size)) for size in grad.shape))
-    return picks
-
-
-def check_finite_differences(
-    what: str, loss, arrays: dict, analytic: dict, full_up_to: int = 40, samples: int = 3
-) -> float:
-    """``arrays``: name -> an array ``loss()`` reads (perturbed in place); ``analytic``: name -> its gradient."""
-    assert analytic.keys() == arrays.keys(), f"{what}: gradients for {sorted(analytic)}, expected {sorted(arrays)}"
-    rng = np.random.default_rng(0)
-    worst = 0.0
-    for name, array in arrays.items():
-        grad = analytic[name]
-        assert grad.shape == array.shape and grad.dtype == array.dtype, f"{what}: {name}"
-        picks = coordinates(grad, rng, full_up_to, samples)
-        numeric = [central_difference(loss, array, index) for index in picks]
-        at = tuple(np.array(picks).T)
-        error = assert_matches_finite_differences(grad[at], numeric, float(np.abs(grad).max()), f"{what}: {name}")
-        worst = max(worst, error)
-    return worst
-
-
-def output_weights(shape: tuple, seed: int = 7) -> np.ndarray:
-    """R in loss = sum(output * R), scaled so that the loss is O(1) (finite differences lose
-    digits in proportion to |loss|)."""
-    return np.random.default_rng(seed).standard_normal(shape) / math.sqrt(np.prod(shape))
-
-
-def module_arrays(module, component: str, config: Config) -> dict[str, np.ndarray]:
-    """The module's own parameter arrays, by canonical name (perturbing them changes the module)."""
-    return {name: getattr(*parent_of(module, name)) for name in param_schema(config, component)}
-
-
-def build(reference, class_name: str, config: Config):
-    schema = getattr(reference.impl, class_name).schema
-    params = init_params(config, seed=3, dtype="float64", component=schema, nonzero_biases=True)
-    return reference.build(class_name, config, params), schema
 
 
 # ------------------------------------------------------------------ elementwise and functional pieces
@@ -310,23 +259,6 @@ def test_cross_entropy_backward_matches_finite_differences(reference, label_smoo
     check_finite_differences("cross-entropy", loss, {"logits": logits}, {"logits": grad}, full_up_to=logits.size)
 
 
-def training_batch(config: Config, seed: int = 0) -> dict[str, np.ndarray]:
-    """A padded batch: 3 sequences of unequal real lengths (see cases.token_ids)."""
-    if config.kind == "decoder_only":
-        return decoder_only_batch(token_ids(config.tgt_vocab_size, 3, 12, pad=True, seed=seed))  # (3, 11) each
-    src = token_ids(config.src_vocab_size, 3, 11, pad=True, seed=seed + 2)
-    return encoder_decoder_batch(src, token_ids(config.tgt_vocab_size, 3, 8, pad=True, seed=seed + 1))
-
-
-def check_model_against_finite_differences(reference, config: Config, batch: dict, label_smoothing: float) -> None:
-    model = reference.impl.build_model(config, init_params(config, seed=11, dtype="float64", nonzero_biases=True))
-    _, grads = reference.impl.loss_and_grads(model, batch, label_smoothing)
-    assert list(grads) == list(param_schema(config))
-    inputs, targets = split_batch(config, batch)
-    loss = lambda: float(reference.impl.cross_entropy(model(*inputs).logits, targets, config.pad_id, label_smoothing))
-    arrays = {name: getattr(*parent_of(model, name)) for name in grads}
-    check_finite_differences(f"{config.kind} model", loss, arrays, grads, full_up_to=0, samples=2)
-
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("config", variant_params())
@@ -515,3 +447,21 @@ def test_label_smoothing_outside_0_1_is_an_error(backend, label_smoothing):
     logits, targets = np.zeros((1, 2, 5)), np.ones((1, 2), np.int64)
     with pytest.raises(ValueError, match=r"label_smoothing must be a number in \[0, 1\]"):
         backend.call(backend.impl.cross_entropy, logits, targets, 0, label_smoothing)
+
+
+# ------------------------------------------------------------------ the loss's pad id
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_the_loss_skips_the_configured_pad_id_not_token_0(backend, label_smoothing):
+    """pad_id 3: targets equal to 3 do not count, targets equal to 0 (a real token here) do.
+    Every other loss test pads with 0, so a hard-coded 0 passed them (torch-loss-pad-id-zero,
+    numpy-loss-counts-padding)."""
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((2, 5, 11)) * 3.0
+    targets = np.array([[0, 4, 0, 3, 3], [5, 0, 3, 3, 3]])
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    per_token = -(1 - label_smoothing) * np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    per_token -= label_smoothing * log_probs.mean(-1)
+    want = per_token[targets != 3].mean()  # 5 real targets, three of them token 0
+    got = backend.call(backend.impl.cross_entropy, logits, targets, 3, label_smoothing)
+    assert_close(got, want, "float64", "cross-entropy with pad_id 3")

@@ -20,7 +20,7 @@ from bench.bf16_cases import CONFIGS, PAIRS, RUNS, copy_batches, float32_referen
 from transformer_run.mixed_precision import BUDGET, FLOOR, ROUNDING_MULTIPLE, gradients_error, relative_error
 from transformer_spec import init_params
 
-from .test_data_parallel import padded_batch
+from .helpers import padded_batch
 
 
 def module(backend: str, name: str):

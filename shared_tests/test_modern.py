@@ -18,13 +18,13 @@ from transformer_run.data import BOS, EOS
 from transformer_spec import Config, init_params, param_schema
 
 from .cases import TINY, as_kind, flatten_output, hidden, model_inputs, token_ids
-from .test_components import run_component
-from .test_gradients import (
+from .helpers import (
     build,
     check_finite_differences,
     check_model_against_finite_differences,
     module_arrays,
     output_weights,
+    run_component,
     training_batch,
 )
 from .tolerances import assert_close, assert_loss_and_gradients_match

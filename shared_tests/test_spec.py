@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from transformer_spec import (
     PRESETS,
@@ -17,6 +19,8 @@ from transformer_spec import (
     save_params,
 )
 from transformer_spec.config import FOLLOWS, RENAMED
+
+from .helpers import configs, hypothesis_settings
 
 
 def test_d_model_not_divisible_by_heads_is_refused_with_both_numbers():
@@ -177,3 +181,29 @@ def test_attention_to_heads_slices_columns_per_head():
     assert set(heads) == set(param_schema(config, "attention_heads"))
     assert np.array_equal(heads["heads.1.w_k.weight"], params["w_k.weight"][:, 12:24])
     assert np.array_equal(heads["heads.2.w_v.bias"], params["w_v.bias"][24:36])
+
+
+# ------------------------------------------------------------------ random bad configs, drawn by hypothesis
+BAD_FIELDS = st.sampled_from(
+    [
+        ("kind", "decoder"), ("d_model", 0), ("d_model", 1), ("num_heads", -1), ("num_kv_heads", 2),
+        ("num_kv_heads", 0), ("d_ff", 2.5), ("max_len", True), ("norm", "batch_norm"), ("activation", "tanh"),
+        ("positional", "alibi"), ("rope_layout", "pairs"), ("sinusoid_layout", "cosines"), ("dropout", 1.0),
+        ("layer_norm_eps", 0.0), ("rope_theta", float("inf")), ("pad_id", 99), ("bias", 1), ("norm_first", None),
+        ("tie_output", "yes"), ("type_vocab_size", -2), ("attention_bias", 0), ("final_logits_bias", "no"),
+    ]
+)  # fmt: skip
+
+
+@hypothesis_settings(max_examples=25)
+@given(config=configs(), bad=BAD_FIELDS)
+def test_an_invalid_config_is_refused_before_any_backend_sees_it(config, bad):
+    """A drawn config with one field made invalid: one validation, in transformer_spec, refuses it
+    (a ValueError naming the field), so every backend refuses it with the same message."""
+    name, value = bad
+    if name == "num_kv_heads" and value > 0:
+        value = config.num_heads + 1  # never divides num_heads
+    if name == "d_model" and value > 0:
+        value = config.d_model + 1 if config.num_heads > 1 else -config.d_model  # indivisible, or negative
+    with pytest.raises(ValueError, match=name):
+        config.replace(**{name: value})

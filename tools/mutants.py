@@ -20,9 +20,10 @@ What the runs leave out, and why:
     README, packaging, checkpoints killed mid-write, the SmolLM2 commands), for speed.
 A model mutant runs CORE (test_fast_paths.py in it: a torch norm's written-out code is
 compared only there, the fused kernel runs everywhere else; ``--full``: every other file
-too); a file in BY_PATH runs the files that exercise it. The mutation tests
-(test_mutation_survivors.py) run last, so a mutant killed only by them shows it: the score
-"without" them is the suite's before they were written. A jax or torch mutant runs for that
+too); a file in BY_PATH runs the files that exercise it. The mutation tests (MUTATION_TESTS:
+the tests written for the mutants that survived the rest, each in the file of its subject) are
+left out of that run and run after it, on their own, so a mutant killed only by them shows it:
+the score "without" them is the suite's before they were written. A jax or torch mutant runs for that
 backend only; a NumPy mutant runs for torch (held to NumPy, it sees NumPy's bugs, and the
 NumPy-only tests run too); a mutant of a backend-neutral package runs for numpy.
 """
@@ -46,13 +47,22 @@ from .mutant_list import MUTANTS, Mutant
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXCLUDED = {"test_docs.py", "test_mirror.py", "test_cli.py", "test_cli_errors.py", "test_cli_generate.py",
             "test_readme.py", "test_packages.py", "test_checkpoints.py", "test_smollm2_sentence.py"}  # fmt: skip
-# A model mutant runs these, in this order; the mutation tests last, so that a mutant they kill
-# shows as killed by test_mutation_survivors.py: it survived everything else (the score before them).
+# A model mutant runs these, in this order (paths under shared_tests/).
 CORE = ["test_decoding_search.py", "test_models.py", "test_fast_paths.py", "test_components.py", "test_modern.py",
         "test_gradients.py",
-        "test_decoding.py", "test_dropout.py", "test_training.py", "test_params.py", "test_properties.py",
-        "test_spec.py", "test_errors.py", "test_mutation_survivors.py"]  # fmt: skip
-MUTATION_TESTS = "test_mutation_survivors.py"
+        "test_decoding.py", "test_dropout.py", "test_training.py", "test_params.py", "test_attention_properties.py",
+        "test_spec.py", "test_errors.py"]  # fmt: skip
+# The tests written for the mutants that survived everything else (each docstring names the
+# mutants it kills): left out of the first run and run after it, so that a mutant they kill
+# shows as killed by them only (the score before them).
+MUTATION_TESTS = [
+    "test_models.py::test_the_encoder_and_decoder_final_norms_follow_their_own_flags",
+    "test_dropout.py::test_dropout_sits_where_numpys_does_under_the_same_fixed_masks",
+    "test_dropout.py::test_dropout_gradients_match_numpys_under_the_same_fixed_masks",
+    "test_decoding_search.py::test_beam_search_with_no_finished_hypothesis_returns_the_best_running_one_length_normalised",
+    "test_gradients.py::test_the_loss_skips_the_configured_pad_id_not_token_0",
+    "test_converters.py::test_their_names_hold_the_tensors_the_libraries_give_them",
+]
 
 
 # The search, the tokenizer, the converters and the schedules: the files that exercise them
@@ -74,22 +84,28 @@ for _converter in ("hf_bert", "hf_llama", "hf_gpt2", "hf_marian", "rope", "gguf"
 
 
 def test_files(root: pathlib.Path, mutant: Mutant | None = None, full: bool = False) -> list[str]:
-    """CORE (or, for a mutant of a file in BY_PATH, those files), then the mutation tests; with
-    ``full``: the whole shared suite minus EXCLUDED and the oracles, the mutation tests last."""
-    names = sorted(p.name for p in (root / "shared_tests").glob("test_*.py"))
+    """CORE (or, for a mutant of a file in BY_PATH, those files); with ``full``: the whole shared
+    suite minus EXCLUDED and the oracles. The mutation tests are not in them (``--deselect``ed)."""
+    suite = root / "shared_tests"
+    names = sorted(p.relative_to(suite).as_posix() for p in suite.rglob("test_*.py"))
     if full:
-        chosen = [n for n in names if n not in EXCLUDED and not n.startswith("test_oracle_") and n != MUTATION_TESTS]
-        chosen.append(MUTATION_TESTS)
+        chosen = [n for n in names if n not in EXCLUDED and not n.split("/")[-1].startswith("test_oracle_")]
     elif mutant is not None and mutant.path in BY_PATH:
-        chosen = [*BY_PATH[mutant.path], MUTATION_TESTS]
+        chosen = BY_PATH[mutant.path]
     else:
         chosen = CORE
     return [f"shared_tests/{n}" for n in chosen if n in names]
 
 
-def pytest_command(mutant: Mutant, root: pathlib.Path, workers: int, full: bool = False) -> list[str]:
+def pytest_command(mutant: Mutant, root: pathlib.Path, workers: int, full: bool = False,
+                   mutation_tests: bool = False) -> list[str]:  # fmt: skip
+    """The run of the chosen files without the mutation tests; ``mutation_tests``: the run of those alone."""
     backend = mutant.backend
-    args = [sys.executable, "-m", "pytest", *test_files(root, mutant, full), "-x", "-q", "-p", "no:cacheprovider"]
+    if mutation_tests:
+        tests = [f"shared_tests/{t}" for t in MUTATION_TESTS]
+    else:
+        tests = [*test_files(root, mutant, full), *(f"--deselect=shared_tests/{t}" for t in MUTATION_TESTS)]
+    args = [sys.executable, "-m", "pytest", *tests, "-x", "-q", "-p", "no:cacheprovider"]
     args += ["-o", "addopts=", "-rfE", "--tb=line", "-W", "ignore::pytest.PytestUnraisableExceptionWarning"]
     if backend in ("jax", "torch"):
         args.append(f"--backend={backend}")
@@ -151,8 +167,8 @@ class Result:
 
     @property
     def killed_only_by_mutation_tests(self) -> bool:
-        """Killed by test_mutation_survivors.py, which runs last: every other test passed."""
-        return self.status == "killed" and f"shared_tests/{MUTATION_TESTS}::" in self.detail
+        """Killed by MUTATION_TESTS, which run last: every other test passed."""
+        return self.status == "killed" and any(f"shared_tests/{t}" in self.detail for t in MUTATION_TESTS)
 
 
 def run_one(mutant: Mutant, base: pathlib.Path, scratch: pathlib.Path, timeout: float, workers: int,
@@ -162,12 +178,16 @@ def run_one(mutant: Mutant, base: pathlib.Path, scratch: pathlib.Path, timeout: 
     start = time.monotonic()
     try:
         apply(mutant, root)
-        command = pytest_command(mutant, root, workers, full)
-        try:
-            proc = subprocess.run(command, cwd=root, env=environment(root, single_thread), capture_output=True,
-                                  text=True, timeout=timeout)  # fmt: skip
-        except subprocess.TimeoutExpired:
-            return Result(mutant.name, mutant.path, mutant.description, "timeout", time.monotonic() - start, "")
+        for mutation_tests in (False, True):  # the mutation tests only if the rest all passed
+            command = pytest_command(mutant, root, workers, full, mutation_tests)
+            left = timeout - (time.monotonic() - start)
+            try:
+                proc = subprocess.run(command, cwd=root, env=environment(root, single_thread), capture_output=True,
+                                      text=True, timeout=left)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                return Result(mutant.name, mutant.path, mutant.description, "timeout", time.monotonic() - start, "")
+            if proc.returncode != 0:
+                break
         output = proc.stdout + proc.stderr
         lines = [line for line in output.splitlines() if line.strip()]
         failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
@@ -243,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     score = killed / len(results) if results else 0.0
     before = killed - sum(r.killed_only_by_mutation_tests for r in results)
     print(f"\nmutation score: {killed}/{len(results)} killed ({score:.0%}); {elapsed:.0f}s")
-    print(f"without {MUTATION_TESTS}: {before}/{len(results)} killed (the mutants only it kills survive the rest)")
+    print(f"without the mutation tests: {before}/{len(results)} killed (the mutants only they kill survive the rest)")
     survivors = [r.name for r in results if r.status != "killed"]
     if survivors:
         print("not killed: " + ", ".join(survivors))

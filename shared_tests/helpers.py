@@ -1,50 +1,173 @@
-"""Random cases, drawn by hypothesis: every backend gives NumPy's numbers, or NumPy's exact error.
-
-The hand-picked cases of test_models.py, test_inputs.py and test_errors.py cross a
-few switches each; here hypothesis draws the whole space at once -- model kind, sizes (heads
-dividing d_model, key/value heads dividing the heads, odd d_ff), one or two layers, every norm,
-activation, positional encoding (both rotary and both sinusoid layouts), bias switches, tied
-outputs, final norms, float32 and float64, batches with right-, left- and fully padded rows --
-and checks each backend against the NumPy float64 reference:
-
-* a model's logits (or an encoder's hidden states and pooler) at the real, non-pad positions,
-  within the tolerance table (``transformer_spec.tolerances.tolerance(dtype, layers)``);
-* a standalone attention (MultiHeadAttention, grouped or rotary, and
-  scaled_dot_product_attention) under random boolean masks that broadcast along any axis and
-  leave some queries nothing to attend to: its output and its weights;
-* bad inputs (ids of the wrong rank, out of range, float or bool; ragged lists; too long or
-  empty; masks of the wrong shape or dtype; token types; a component's wrong sizes and mixed
-  dtypes; weights of another config): the reference's exception, and the same type and
-  message in the backend -- or, where the reference accepts the input, its numbers.
-
-Every draw is small and comes from a few fixed sizes: JAX compiles once per model and shape,
-and that compile is most of this file's time. ``derandomize=True``: the same examples in every
-run (CI is deterministic); a failure prints the example, which a test in another file may pin.
-"""
+"""The helpers more than one test module uses (a test module imports no other test module:
+``shared_tests/repository/test_suite_layout.py`` holds that). The cases themselves are in
+``cases.py``, the tolerances and the records of the worst errors in ``tolerances.py``."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
 
-hypothesis = pytest.importorskip("hypothesis", reason="the property-based tests need hypothesis (the [test] extra)")
+from transformer_run.batches import decoder_only_batch, encoder_decoder_batch, split_batch
+from transformer_spec import Config, init_params, param_schema, parent_of
+from transformer_spec.config import ACTIVATIONS, KINDS, NORMS, POSITIONAL, ROPE_LAYOUTS, SINUSOID_LAYOUTS
+from transformer_spec.tolerances import max_relative_difference, tolerance
 
-from hypothesis import HealthCheck, event, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from . import tolerances
+from .cases import token_ids
+from .tolerances import assert_matches_finite_differences
 
-from transformer_spec import Config, WeightsError, init_params  # noqa: E402
-from transformer_spec.config import ACTIVATIONS, KINDS, NORMS, POSITIONAL, ROPE_LAYOUTS, SINUSOID_LAYOUTS  # noqa: E402
-from transformer_spec.tolerances import max_relative_difference, tolerance  # noqa: E402
+STEP = 1e-6  # float64 central differences: truncation ~STEP^2, rounding ~1e-16 |f| / STEP
 
-from . import tolerances  # noqa: E402
 
-DTYPES = ("float32", "float64")
+# ------------------------------------------------------------------ finite-difference helpers
+def central_difference(loss, array: np.ndarray, index: tuple) -> float:
+    """d loss / d array[index], by perturbing that one entry in place (and restoring it)."""
+    original = array[index]
+    array[index] = original + STEP
+    plus = loss()
+    array[index] = original - STEP
+    minus = loss()
+    array[index] = original
+    return (plus - minus) / (2 * STEP)
+
+
+def coordinates(grad: np.ndarray, rng: np.random.Generator, full_up_to: int, samples: int) -> list[tuple]:
+    """Every coordinate of a small tensor; otherwise its largest gradient, a few random entries
+    among those with a gradient (an embedding table's unused rows have none) and one anywhere."""
+    if grad.size <= full_up_to:
+        return list(np.ndindex(grad.shape))
+    picks = [np.unravel_index(np.abs(grad).argmax(), grad.shape)]
+    nonzero = np.argwhere(grad != 0)
+    for i in rng.choice(len(nonzero), size=min(samples, len(nonzero)), replace=False):
+        picks.append(tuple(nonzero[i]))
+    picks.append(tuple(int(rng.integers(0, size)) for size in grad.shape))
+    return picks
+
+
+def check_finite_differences(
+    what: str, loss, arrays: dict, analytic: dict, full_up_to: int = 40, samples: int = 3
+) -> float:
+    """``arrays``: name -> an array ``loss()`` reads (perturbed in place); ``analytic``: name -> its gradient."""
+    assert analytic.keys() == arrays.keys(), f"{what}: gradients for {sorted(analytic)}, expected {sorted(arrays)}"
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for name, array in arrays.items():
+        grad = analytic[name]
+        assert grad.shape == array.shape and grad.dtype == array.dtype, f"{what}: {name}"
+        picks = coordinates(grad, rng, full_up_to, samples)
+        numeric = [central_difference(loss, array, index) for index in picks]
+        at = tuple(np.array(picks).T)
+        error = assert_matches_finite_differences(grad[at], numeric, float(np.abs(grad).max()), f"{what}: {name}")
+        worst = max(worst, error)
+    return worst
+
+
+def output_weights(shape: tuple, seed: int = 7) -> np.ndarray:
+    """R in loss = sum(output * R), scaled so that the loss is O(1) (finite differences lose
+    digits in proportion to |loss|)."""
+    return np.random.default_rng(seed).standard_normal(shape) / math.sqrt(np.prod(shape))
+
+
+def module_arrays(module, component: str, config: Config) -> dict[str, np.ndarray]:
+    """The module's own parameter arrays, by canonical name (perturbing them changes the module)."""
+    return {name: getattr(*parent_of(module, name)) for name in param_schema(config, component)}
+
+
+def build(reference, class_name: str, config: Config):
+    schema = getattr(reference.impl, class_name).schema
+    params = init_params(config, seed=3, dtype="float64", component=schema, nonzero_biases=True)
+    return reference.build(class_name, config, params), schema
+
+
+def training_batch(config: Config, seed: int = 0) -> dict[str, np.ndarray]:
+    """A padded batch: 3 sequences of unequal real lengths (see cases.token_ids)."""
+    if config.kind == "decoder_only":
+        return decoder_only_batch(token_ids(config.tgt_vocab_size, 3, 12, pad=True, seed=seed))  # (3, 11) each
+    src = token_ids(config.src_vocab_size, 3, 11, pad=True, seed=seed + 2)
+    return encoder_decoder_batch(src, token_ids(config.tgt_vocab_size, 3, 8, pad=True, seed=seed + 1))
+
+
+def check_model_against_finite_differences(reference, config: Config, batch: dict, label_smoothing: float) -> None:
+    model = reference.impl.build_model(config, init_params(config, seed=11, dtype="float64", nonzero_biases=True))
+    _, grads = reference.impl.loss_and_grads(model, batch, label_smoothing)
+    assert list(grads) == list(param_schema(config))
+    inputs, targets = split_batch(config, batch)
+    loss = lambda: float(reference.impl.cross_entropy(model(*inputs).logits, targets, config.pad_id, label_smoothing))
+    arrays = {name: getattr(*parent_of(model, name)) for name in grads}
+    check_finite_differences(f"{config.kind} model", loss, arrays, grads, full_up_to=0, samples=2)
+
+
+def run_component(backend, reference, class_name, config, dtype, *args, component=None, **kwargs):
+    """Build ``class_name`` from the same seeded weights in ``backend`` (at ``dtype``) and in the
+    float64 reference; call both on the same inputs; return (got, want) as NumPy."""
+    schema_name = component or getattr(reference.impl, class_name).schema
+    params = init_params(config, seed=3, dtype="float64", component=schema_name, nonzero_biases=True)
+    want = reference.call(reference.build(class_name, config, params), *args, **kwargs)
+    cast = {k: v.astype(dtype) for k, v in params.items()}
+    args = [a.astype(dtype) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in args]
+    got = backend.call(backend.build(class_name, config, cast), *args, **kwargs)
+    return got, want
+
+
+def padded_batch(config: Config) -> dict[str, np.ndarray]:
+    """8 rows, 8 positions, right-padded to lengths 8 8 7 5 3 2 2 1: uneven pad counts per shard."""
+    rng = np.random.default_rng(0)
+    ids = np.full((8, 9), config.pad_id, np.int64)
+    for row, length in enumerate([8, 8, 7, 5, 3, 2, 2, 1]):
+        ids[row, : length + 1] = rng.integers(4, config.tgt_vocab_size, length + 1)
+    return {"ids": ids[:, :-1], "targets": ids[:, 1:]}
+
+
+def one_line_error(capsys, argv: list[str], *words: str) -> str:
+    """Run ``transformer-ref argv``: it must exit with status 2 and print one line naming ``words``."""
+    from transformer_cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2, f"exit status {exit_info.value.code}"
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert lines[0].startswith(f"transformer-ref {argv[0]}: error: "), lines[0]
+    for word in words:
+        assert word in lines[0], f"{lines[0]!r} does not name {word!r}"
+    return lines[0]
+
+
+# ============================================================ random cases, drawn by hypothesis
+# Random cases, drawn by hypothesis: every backend gives NumPy's numbers, or NumPy's exact error.
+#
+# The hand-picked cases of the models, inputs and errors tests cross a few switches each; the
+# tests that use these strategies (test_random_... and two more) draw the whole space at once --
+# model kind, sizes (heads dividing d_model, key/value heads dividing the heads, odd d_ff), one
+# or two layers, every norm, activation, positional encoding (both rotary and both sinusoid layouts), bias switches, tied
+# outputs, final norms, float32 and float64, batches with right-, left- and fully padded rows --
+# and checks each backend against the NumPy float64 reference:
+#
+# * a model's logits (or an encoder's hidden states and pooler) at the real, non-pad positions,
+#   within the tolerance table (``transformer_spec.tolerances.tolerance(dtype, layers)``);
+# * a standalone attention (MultiHeadAttention, grouped or rotary, and
+#   scaled_dot_product_attention) under random boolean masks that broadcast along any axis and
+#   leave some queries nothing to attend to: its output and its weights;
+# * bad inputs (ids of the wrong rank, out of range, float or bool; ragged lists; too long or
+#   empty; masks of the wrong shape or dtype; token types; a component's wrong sizes and mixed
+#   dtypes; weights of another config): the reference's exception, and the same type and
+#   message in the backend -- or, where the reference accepts the input, its numbers.
+#
+# Every draw is small and comes from a few fixed sizes: JAX compiles once per model and shape,
+# and that compile is most of those tests' time. ``derandomize=True``: the same examples in every
+# run (CI is deterministic); a failure prints the example, which a test in another file may pin.
+DRAWN_DTYPES = ("float32", "float64")
 BATCHES = (1, 2, 3)
 LENGTHS = (1, 4, 7)  # every sequence length a drawn model sees: few shapes, few JAX compiles
 MAX_LENS = (7, 9)  # 7: the longest sequence fills every position
 
 
-def _settings(max_examples: int):
+def hypothesis_settings(max_examples: int):
     """Deterministic (derandomize), no example database on disk, no deadline (JAX's first call
     of each new model compiles it); the fixtures are session-wide but for conftest's bookkeeping."""
     return settings(
@@ -56,7 +179,7 @@ def _settings(max_examples: int):
     )
 
 
-# =========================================================================== strategies
+# strategies
 @st.composite
 def configs(draw, kinds=KINDS) -> Config:
     """A small valid Config: every switch drawn, sizes from a few odd values."""
@@ -142,19 +265,19 @@ def model_cases(draw) -> tuple[Config, str, tuple, dict]:
         inputs = (ids, tgt)
     if config.type_vocab_size and draw(st.booleans()):
         kwargs["token_type_ids"] = np.random.default_rng(3).integers(0, config.type_vocab_size, ids.shape)
-    return config, draw(st.sampled_from(DTYPES)), inputs, kwargs
+    return config, draw(st.sampled_from(DRAWN_DTYPES)), inputs, kwargs
 
 
-def _real_positions(config: Config, inputs: tuple) -> np.ndarray:
+def real_positions(config: Config, inputs: tuple) -> np.ndarray:
     """(B, T) True where the output row belongs to a real token: the target's for a decoder."""
     return inputs[-1] != config.pad_id
 
 
-def _layers(config: Config) -> int:
+def layer_count(config: Config) -> int:
     return config.num_encoder_layers + config.num_decoder_layers
 
 
-def _check(got, want, dtype: str, layers: int, what: str) -> None:
+def check_close(got, want, dtype: str, layers: int, what: str) -> None:
     """``assert_close`` with the bound of a stack of ``layers`` layers, recorded as the suite's are."""
     error = max_relative_difference(got, want)
     tol = tolerance(dtype, max(layers, 2))
@@ -165,29 +288,12 @@ def _check(got, want, dtype: str, layers: int, what: str) -> None:
     assert error <= tol, f"{what}: max |diff| / max |reference| = {error:.3e} > {tol:.0e} ({dtype})"
 
 
-def _cast(params: dict, dtype: str) -> dict:
+def cast_params(params: dict, dtype: str) -> dict:
     return {name: value.astype(dtype) for name, value in params.items()}
 
 
-# ============================================================================ 1. models
-@_settings(max_examples=10)
-@given(case=model_cases(), seed=st.integers(0, 2**10))
-def test_random_models_give_the_references_logits_at_real_positions(backend, reference, case, seed):
-    config, dtype, inputs, kwargs = case
-    params = init_params(config, seed=seed, dtype="float64", nonzero_biases=True)
-    want = reference.call(reference.impl.build_model(config, params), *inputs, **kwargs)
-    got = backend.call(backend.impl.build_model(config, _cast(params, dtype)), *inputs, **kwargs)
-    field = "logits" if config.uses_decoder else "last_hidden_state"
-    real = _real_positions(config, inputs)  # (B, T)
-    got_field, want_field = getattr(got, field), getattr(want, field)
-    assert got_field.dtype == dtype and got_field.shape == want_field.shape
-    assert np.all(np.isfinite(got_field)), f"non-finite {field} (padding included)"
-    _check(got_field[real], want_field[real], dtype, _layers(config), f"{field} at real positions of {config}")
-    if config.pooler:  # BERT's pooler reads position 0: compare the rows where it is a real token
-        _check(got.pooler_output[real[:, 0]], want.pooler_output[real[:, 0]], dtype, _layers(config), "pooler_output")
 
-
-# ========================================================================= 2. attention
+# attention
 @st.composite
 def masks(draw, shape: tuple[int, ...]) -> np.ndarray | None:
     """None, or a boolean mask broadcastable to ``shape`` (each axis full or 1), True with a drawn
@@ -208,38 +314,11 @@ def attention_cases(draw):
     batch, t_q = draw(st.sampled_from(BATCHES)), draw(st.sampled_from(LENGTHS))
     t_k = draw(st.sampled_from(LENGTHS))  # rotary too: queries at 0 .. T_q - 1, keys at 0 .. T_k - 1
     mask = draw(masks((batch, config.num_heads, t_q, t_k)))
-    return config, draw(st.sampled_from(DTYPES)), batch, t_q, t_k, mask
+    return config, draw(st.sampled_from(DRAWN_DTYPES)), batch, t_q, t_k, mask
 
 
-@_settings(max_examples=8)
-@given(case=attention_cases(), seed=st.integers(0, 2**10))
-def test_random_attention_under_random_masks_gives_the_references_output_and_weights(backend, reference, case, seed):
-    config, dtype, batch, t_q, t_k, mask = case
-    params = init_params(config, seed=seed, dtype="float64", component="attention", nonzero_biases=True)
-    rng = np.random.default_rng(seed)
-    query = rng.standard_normal((batch, t_q, config.d_model))
-    key, value = rng.standard_normal((2, batch, t_k, config.d_model))
-    want = reference.call(reference.build("MultiHeadAttention", config, params), query, key, value, mask, True)
-    attention = backend.build("MultiHeadAttention", config, _cast(params, dtype))
-    inputs = (x.astype(dtype) for x in (query, key, value))
-    got = backend.call(attention, *inputs, mask, True)
-    for name, g, w in zip(("output", "weights"), got, want, strict=True):
-        assert g.dtype == dtype
-        _check(g, w, dtype, 1, f"attention {name} of {config} with a mask of shape {getattr(mask, 'shape', None)}")
-    if mask is not None:  # masked keys get exactly zero weight, not exp(-1e9)
-        assert np.all(got[1][np.broadcast_to(~mask, got[1].shape)] == 0.0)
 
-    # the bare function: q, k, v of any leading dims, d_v != d_k
-    q = rng.standard_normal((batch, config.num_heads, t_q, config.d_k))
-    k = rng.standard_normal((batch, config.num_heads, t_k, config.d_k))
-    v = rng.standard_normal((batch, config.num_heads, t_k, config.d_k + 1))
-    want = reference.call(reference.impl.scaled_dot_product_attention, q, k, v, mask)
-    got = backend.call(backend.impl.scaled_dot_product_attention, *(x.astype(dtype) for x in (q, k, v)), mask)
-    for name, g, w in zip(("context", "weights"), got, want, strict=True):
-        _check(g, w, dtype, 1, f"scaled_dot_product_attention {name}")
-
-
-# ========================================================================= 3. bad inputs
+# bad inputs
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
@@ -352,7 +431,7 @@ def _first_output(output) -> np.ndarray:
     return output
 
 
-def _same_outcome(backend, reference, call, what: str, dtype: str = "float64", layers: int = 2) -> None:
+def same_outcome(backend, reference, call, what: str, dtype: str = "float64", layers: int = 2) -> None:
     """``call(b)`` in the reference and in ``backend``: the same exception type and message, or
     (where the reference accepts the input) the same numbers."""
     try:
@@ -362,24 +441,13 @@ def _same_outcome(backend, reference, call, what: str, dtype: str = "float64", l
         event(f"refused: {type(error).__name__}")  # pytest --hypothesis-show-statistics counts them
     else:
         event(f"accepted: {what.split(' into ')[0]}")
-        _check(_first_output(call(backend)), _first_output(want), dtype, layers, f"{what}, accepted by the reference")
+        check_close(_first_output(call(backend)), _first_output(want), dtype, layers, f"{what}, accepted by the reference")
         return
     with pytest.raises(type(expected)) as raised:
         call(backend)
     assert type(raised.value) is type(expected), f"{what}: {raised.value!r} where the reference raised {expected!r}"
     assert str(raised.value) == str(expected), f"{what}: {raised.value!r} where the reference raised {expected!r}"
 
-
-@_settings(max_examples=30)
-@given(case=bad_model_calls())
-def test_random_bad_model_inputs_raise_the_references_error(backend, reference, case):
-    config, label, args, kwargs = case
-    params = init_params(config, seed=1, dtype="float64")
-
-    def call(b):
-        return b.call(b.impl.build_model(config, params), *args, **kwargs)
-
-    _same_outcome(backend, reference, call, f"{label} into {config.kind}", layers=_layers(config))
 
 
 @st.composite
@@ -421,51 +489,4 @@ def bad_component_calls(draw):
     return config, name, schema, f"{name}: {fault}", (arrays[which],)
 
 
-@_settings(max_examples=40)
-@given(case=bad_component_calls())
-def test_random_bad_component_inputs_raise_the_references_error(backend, reference, case):
-    config, name, schema, label, args = case
-    params = init_params(config, seed=2, dtype="float64", component=schema)
-    _same_outcome(backend, reference, lambda b: b.call(b.build(name, config, params), *args), label, layers=1)
 
-
-@_settings(max_examples=25)
-@given(config=configs(), other=configs(), dtype=st.sampled_from(DTYPES))
-def test_weights_of_another_config_are_refused_with_the_references_message(backend, reference, config, other, dtype):
-    """init_params(other) into build_model(config): the same WeightsError (missing, unexpected or
-    misshapen keys) in every backend; where the two schemas agree, the same model."""
-    params = init_params(other, seed=4, dtype=dtype)
-    try:
-        reference.impl.build_model(config, params)
-    except (WeightsError, ValueError) as error:
-        with pytest.raises(type(error)) as raised:
-            backend.impl.build_model(config, params)
-        assert str(raised.value) == str(error)
-    else:
-        backend.impl.build_model(config, params)
-
-
-# ====================================================================== 4. bad configs
-BAD_FIELDS = st.sampled_from(
-    [
-        ("kind", "decoder"), ("d_model", 0), ("d_model", 1), ("num_heads", -1), ("num_kv_heads", 2),
-        ("num_kv_heads", 0), ("d_ff", 2.5), ("max_len", True), ("norm", "batch_norm"), ("activation", "tanh"),
-        ("positional", "alibi"), ("rope_layout", "pairs"), ("sinusoid_layout", "cosines"), ("dropout", 1.0),
-        ("layer_norm_eps", 0.0), ("rope_theta", float("inf")), ("pad_id", 99), ("bias", 1), ("norm_first", None),
-        ("tie_output", "yes"), ("type_vocab_size", -2), ("attention_bias", 0), ("final_logits_bias", "no"),
-    ]
-)  # fmt: skip
-
-
-@_settings(max_examples=25)
-@given(config=configs(), bad=BAD_FIELDS)
-def test_an_invalid_config_is_refused_before_any_backend_sees_it(config, bad):
-    """A drawn config with one field made invalid: one validation, in transformer_spec, refuses it
-    (a ValueError naming the field), so every backend refuses it with the same message."""
-    name, value = bad
-    if name == "num_kv_heads" and value > 0:
-        value = config.num_heads + 1  # never divides num_heads
-    if name == "d_model" and value > 0:
-        value = config.d_model + 1 if config.num_heads > 1 else -config.d_model  # indivisible, or negative
-    with pytest.raises(ValueError, match=name):
-        config.replace(**{name: value})
