@@ -140,10 +140,12 @@ PAGES: tuple[Page, ...] = (
             "head at once, and undo the reshape before `w_o`. `MultiHeadAttentionLoop` is the tutorials' list of "
             "separate `AttentionHead` modules; given slices of the fused weights it is the same function.",
             "Weights are stored [in, out] (`x @ W`, the paper's layout) with q, k, v, o separate; torch's "
-            "`nn.Linear` keeps [out, in], which `params.py` transposes. During decoding, `KeyValueCache` keeps "
-            "each layer's projected keys and values so that a step projects only its newest token: NumPy and "
-            "torch grow it by concatenation, JAX writes into a buffer of fixed size so that one compiled step "
-            "serves every position.",
+            "`nn.Linear` keeps [out, in], which `params.py` transposes. Decoding runs the same forward with "
+            "a `KeyValueCache` (`cache=`, and the `position` of the first new token): each layer's projected "
+            "keys and values are kept so that a step projects only its newest token, whose key and value "
+            "`update` writes in; NumPy and torch grow the cache by concatenation, JAX writes into a buffer "
+            "of fixed size so that one compiled step serves every position. Cross-attention passes no key "
+            "and value while decoding: its cache holds the memory's, projected once.",
         ),
         code=(
             "attention.py: MultiHeadAttention, AttentionHead, MultiHeadAttentionLoop, KeyValueCache, append_to_cache",
@@ -672,12 +674,12 @@ PAGES: tuple[Page, ...] = (
             "(B, H, T, T) scores never exist at once. JAX registers none: XLA fuses the written-out math, and "
             "`jax.nn.dot_product_attention` computes its softmax in float32, which would break float64 parity.",
             "Tracing records the written-out path (a fused kernel has no intermediates); `transformer-ref trace` "
-            "says so. `shared_tests/test_fast_paths.py` holds every kernel equal to the code it replaces.",
+            "says so. `shared_tests/components/test_fast_paths.py` holds every kernel equal to the code it replaces.",
         ),
         code=(
             "transformer_spec/kernels.py: use_fused_kernels, fused_kernels_enabled, fused_kernels, fusable_in",
             "kernels.py: KERNELS, fusable, layer_norm, rms_norm, gelu, feed_forward, gated_feed_forward, _packed, "
-            "attention_context, multi_head_attention, attend",
+            "attention_context, multi_head_attention, _grouped_attention",
         ),
         tests=("*test_fast_paths.py::*",),
         notes={
@@ -690,7 +692,8 @@ PAGES: tuple[Page, ...] = (
             "float32 even for float64 inputs, and gives the mean of v where we define 0.",
             "rms_norm": "No kernel: the written-out RMSNorm runs (torch has `F.rms_norm`).",
             "gated_feed_forward": "No kernel: the written-out gated feed-forward runs.",
-            "attend": "No kernel: a decoding step attends in the written-out code.",
+            "_grouped_attention": "Not needed: torch's `F.scaled_dot_product_attention` reads each key/value "
+            "head for its group of query heads itself (`enable_gqa`), and JAX has no attention kernel.",
         },
     ),
     Page(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from flax import nnx
+from flax.nnx import Module
 from jax import Array
 
 from transformer_spec import Config
@@ -22,11 +23,13 @@ from .validate import check_float_inputs
 class LayerCache(NamedTuple):
     """What one decoder layer keeps between decoding steps."""
 
-    self_attn: KeyValueCache  # keys/values of every target token fed so far: (B, H, T_cache, d_k)
-    cross_attn: KeyValueCache | None  # of the memory, computed once: (B, H, T_src, d_k); None when decoder-only
+    # keys/values of every target token fed so far: (B, H, T_cache, d_k)
+    self_attn: KeyValueCache
+    # of the memory, computed once: (B, H, T_src, d_k); None when decoder-only
+    cross_attn: KeyValueCache | None
 
 
-class DecoderLayer(nnx.Module):
+class DecoderLayer(Module):
     """Masked self-attention, cross-attention over the encoder's memory, feed-forward.
 
     A decoder-only model (``kind="decoder_only"``) has no memory and no cross-attention.
@@ -35,12 +38,14 @@ class DecoderLayer(nnx.Module):
     schema = "decoder_layer"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
         self.self_attn = MultiHeadAttention(config, dtype)
         self.self_attn_norm = make_norm(config, dtype)
         self.self_attn_dropout = Dropout(config.dropout)  # on each sub-layer's output
         if config.decoder_has_cross_attention:
-            self.cross_attn = MultiHeadAttention(config, dtype, rotary=False)  # positions: only within a sequence
+            # rotary=False: positions count only within a sequence
+            self.cross_attn = MultiHeadAttention(config, dtype, rotary=False)
             self.cross_attn_norm = make_norm(config, dtype)
             self.cross_attn_dropout = Dropout(config.dropout)
         self.ffn = make_feed_forward(config, dtype)
@@ -54,15 +59,23 @@ class DecoderLayer(nnx.Module):
         tgt_mask: Array | None = None,
         memory_mask: Array | None = None,
         need_weights: bool = False,
+        cache: LayerCache | None = None,
+        position: int | Array = 0,
     ) -> tuple[Array, Array | None, Array | None]:
         """x (B, T_tgt, d_model), memory (B, T_src, d_model), tgt_mask (B|1, 1, T_tgt, T_tgt),
-        memory_mask (B|1, 1, T_tgt|1, T_src) -> (B, T_tgt, d_model), self weights, cross weights."""
+        memory_mask (B|1, 1, T_tgt|1, T_src) -> (B, T_tgt, d_model), self weights, cross
+        weights.
+
+        Decoding passes this layer's ``cache`` (``empty_cache``) and the ``position`` of x's first
+        token: x's keys and values join the cache, tgt_mask spans every cached position
+        (B|1, 1, T_tgt, T_cache), and memory is None (the cache holds its keys and values)."""
         check_hidden("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
         norm_first = self.config.norm_first
+        self_cache, cross_cache = (None, None) if cache is None else cache
         x, self_weights = sublayer_connection(
             x,
-            lambda h: self.self_attn(h, h, h, tgt_mask, need_weights),
+            lambda h: self.self_attn(h, h, h, tgt_mask, need_weights, self_cache, position),
             self.self_attn_norm,
             norm_first,
             self.self_attn_dropout,
@@ -70,11 +83,14 @@ class DecoderLayer(nnx.Module):
         record(self, after_self_attn=x)
         cross_weights = None
         if self.config.decoder_has_cross_attention:
-            _check_memory(memory, x, self.config.d_model)
+            if cross_cache is None:
+                _check_memory(memory, x, self.config.d_model)
             # queries from the decoder, keys and values from the encoder: (B, T_tgt, T_src) scores
             x, cross_weights = sublayer_connection(
                 x,
-                lambda h: self.cross_attn(h, memory, memory, memory_mask, need_weights),
+                lambda h: self.cross_attn(
+                    h, memory, memory, memory_mask, need_weights, cross_cache
+                ),
                 self.cross_attn_norm,
                 norm_first,
                 self.cross_attn_dropout,
@@ -92,64 +108,37 @@ class DecoderLayer(nnx.Module):
         cross_cache = None
         if self.config.decoder_has_cross_attention:
             if memory is None:
-                raise ValueError("this decoder has cross-attention and needs memory (the encoder output), got None")
-            cross_cache = self.cross_attn.key_value(memory)  # (B, H, T_src, d_k) each
-        return LayerCache(self.self_attn.empty_cache(batch), cross_cache)  # (B, H, max_len, d_k) each, cross_cache
-
-    def step(
-        self,
-        x: Array,
-        cache: LayerCache,
-        position: int | Array,
-        tgt_mask: Array | None = None,
-        memory_mask: Array | None = None,
-    ) -> tuple[Array, LayerCache]:
-        """``__call__`` for new tokens only. x (B, T_new, d_model): the tokens at positions
-        position .. position + T_new - 1; ``cache``: this layer's keys and values of every
-        earlier position; tgt_mask (B|1, 1, T_new, T_cache) over the cache *after* the new
-        tokens join it -> (B, T_new, d_model), the extended cache."""
-        check_hidden("x", x.shape, self.config.d_model)
-        check_float_inputs(("x",), (x,), self)
-        norm_first = self.config.norm_first
-
-        def self_attention(h: Array) -> tuple[Array, KeyValueCache]:
-            self_cache = self.self_attn.extend_cache(cache.self_attn, h, position)  # (B, H, T_cache, d_k) each
-            return self.self_attn.attend(h, self_cache, tgt_mask, position), self_cache  # (B, T_new, d_model)
-
-        x, self_cache = sublayer_connection(
-            x, self_attention, self.self_attn_norm, norm_first, self.self_attn_dropout
-        )  # (B, T_new, d_model)
-        if self.config.decoder_has_cross_attention:
-            # the new queries over the memory's keys and values, projected once in ``empty_cache``
-            x, _ = sublayer_connection(
-                x,
-                lambda h: (self.cross_attn.attend(h, cache.cross_attn, memory_mask), None),
-                self.cross_attn_norm,
-                norm_first,
-                self.cross_attn_dropout,
-            )  # (B, T_new, d_model)
-        x, _ = sublayer_connection(
-            x, lambda h: (self.ffn(h), None), self.ffn_norm, norm_first, self.ffn_dropout
-        )  # (B, T_new, d_model)
-        return x, LayerCache(self_cache, cache.cross_attn)
+                raise ValueError(
+                    "this decoder has cross-attention and needs memory (the encoder output), "
+                    "got None"
+                )
+            # (B, H_kv, T_src, d_k) each
+            cross_cache = KeyValueCache(*self.cross_attn.key_value(memory, memory))
+        # (B, H_kv, 0, d_k) each (JAX: (B, H_kv, max_len, d_k), a fixed-size buffer)
+        self_cache = self.self_attn.empty_cache(batch)
+        return LayerCache(self_cache, cross_cache)
 
 
 def _check_memory(memory: Array | None, x: Array, d_model: int) -> None:
     if memory is None:
-        raise ValueError("this decoder has cross-attention and needs memory (the encoder output), got None")
+        raise ValueError(
+            "this decoder has cross-attention and needs memory (the encoder output), got None"
+        )
     check_hidden("memory", memory.shape, d_model)
     check_float_inputs(("x", "memory"), (x, memory))
     check_same_batch(("memory", "x"), (memory.shape, x.shape))
 
 
-class Decoder(nnx.Module):
-    """N decoder layers, then an optional final LayerNorm (layers in an ``nnx.List``, unrolled under jit)."""
+class Decoder(Module):
+    """N decoder layers, then an optional final LayerNorm."""
 
     schema = "decoder"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
-        self.layers = nnx.List([DecoderLayer(config, dtype) for _ in range(config.num_decoder_layers)])
+        layers = [DecoderLayer(config, dtype) for _ in range(config.num_decoder_layers)]
+        self.layers = nnx.List(layers)  # JAX: an nnx.List, unrolled under jit (see Encoder)
         self.norm = make_norm(config, dtype) if config.decoder_final_norm else None
 
     def __call__(
@@ -160,13 +149,18 @@ class Decoder(nnx.Module):
         memory_mask: Array | None = None,
         need_weights: bool = False,
         need_hidden_states: bool = False,
+        cache: tuple[LayerCache, ...] | None = None,
+        position: int | Array = 0,
     ) -> tuple[Array, tuple, tuple, tuple]:
-        """-> (output, hidden states, self-attention weights per layer, cross-attention weights per layer)."""
+        """-> (output, hidden states, self-attention weights per layer, cross-attention weights per
+        layer). Decoding passes one ``LayerCache`` per layer (``empty_cache``), filled in place."""
         hidden_states, self_attentions, cross_attentions = [x], [], []
-        for layer in self.layers:
-            # (B, T_tgt, d_model), (B, H, T_tgt, T_tgt) or None, (B, H, T_tgt, T_src) or None
-            x, self_weights, cross_weights = layer(x, memory, tgt_mask, memory_mask, need_weights)
-            if need_hidden_states:  # else each layer's output is freed once the next layer has used it
+        caches = (None,) * len(self.layers) if cache is None else cache
+        for layer, layer_cache in zip(self.layers, caches, strict=True):
+            x, self_weights, cross_weights = layer(
+                x, memory, tgt_mask, memory_mask, need_weights, layer_cache, position
+            )  # (B, T_tgt, d_model), weights or None
+            if need_hidden_states:  # else each output is freed once the next layer has used it
                 hidden_states.append(x)
             self_attentions.append(self_weights)
             cross_attentions.append(cross_weights)
@@ -176,26 +170,10 @@ class Decoder(nnx.Module):
             self_attentions, cross_attentions = [], []
         elif not self.config.decoder_has_cross_attention:
             cross_attentions = []
-        return x, (tuple(hidden_states) if need_hidden_states else ()), tuple(self_attentions), tuple(cross_attentions)
+        hidden_states = tuple(hidden_states) if need_hidden_states else ()
+        return x, hidden_states, tuple(self_attentions), tuple(cross_attentions)
 
     def empty_cache(self, batch: int, memory: Array | None = None) -> tuple[LayerCache, ...]:
-        """One ``LayerCache`` per layer, before the first decoding step (see ``DecoderLayer.empty_cache``)."""
+        """One ``LayerCache`` per layer, before the first decoding step (see
+        ``DecoderLayer.empty_cache``)."""
         return tuple(layer.empty_cache(batch, memory) for layer in self.layers)
-
-    def step(
-        self,
-        x: Array,
-        cache: tuple[LayerCache, ...],
-        position: int | Array,
-        tgt_mask: Array | None = None,
-        memory_mask: Array | None = None,
-    ) -> tuple[Array, tuple[LayerCache, ...]]:
-        """x (B, T_new, d_model) at positions position .. position + T_new - 1 -> the output at
-        those positions (B, T_new, d_model), each layer's cache extended by them."""
-        new_cache = []
-        for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, layer_cache = layer.step(x, layer_cache, position, tgt_mask, memory_mask)  # (B, T_new, d_model)
-            new_cache.append(layer_cache)
-        if self.norm is not None:
-            x = self.norm(x)  # (B, T_new, d_model)
-        return x, tuple(new_cache)

@@ -148,7 +148,7 @@ def decode_step(
     tgt_mask = make_step_mask(keep, position, tokens.shape[1])  # (N, 1, T_new, T_cache)
     x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
     with inputs_checked():  # the step's tokens and position are checked: the layers trust them
-        x, cache = model.decoder.step(x, cache, position, tgt_mask, memory_mask)  # (N, T_new, d_model)
+        x, _, _, _ = model.decoder(x, None, tgt_mask, memory_mask, cache=cache, position=position)  # (N, T_new, d)
         if not project:
             return None, cache, keep
         logits = model.generator(x, model.tgt_embed.token.weight[...])  # (N, T_new, V)

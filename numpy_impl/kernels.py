@@ -3,8 +3,8 @@
 The component files show the math; a teaching function or forward with a faster equivalent
 carries one marked line, ``@fusable(name)``, and the kernel registered here under that name
 runs instead while fused kernels are enabled (``transformer_spec.kernels`` has the switch and
-how a call is dispatched). ``shared_tests/test_fast_paths.py`` holds every kernel equal to the
-code it replaces.
+how a call is dispatched). ``shared_tests/components/test_fast_paths.py`` holds every kernel
+equal to the code it replaces.
 
 NumPy's kernels:
 
@@ -16,7 +16,7 @@ NumPy's kernels:
 * ``multi_head_attention``: in inference, the attention one (batch entry) at a time, so
   that the (B, H, T_q, T_k) scores and weights are never all in memory at once (one
   (H, T_q, T_k) block is), and the softmax works in place on that block.
-* ``attend`` (a decoding step over the key/value cache): grouped-query heads read the cache
+  A decoding step (with a key/value cache): grouped-query heads read the cache
   in place. The written-out step repeats each cached key/value head for the query heads
   that share it (``repeat_kv``: a copy of the whole cache, per layer and step) and then
   multiplies (B, H) small matrices; here the ``groups`` query heads of one key/value head
@@ -71,22 +71,26 @@ KERNELS["gelu"] = gelu
 
 
 # ------------------------------------------------------------------- multi_head_attention
-def multi_head_attention(module, query, key, value, mask=None, need_weights=False):
-    """``MultiHeadAttention.__call__`` one batch entry at a time, softmax in place."""
+def multi_head_attention(module, query, key, value, mask=None, need_weights=False, cache=None, position=0):
+    """``MultiHeadAttention.__call__`` one batch entry at a time, softmax in place; a decoding step
+    (with a cache) with the query heads of each key/value head as one block."""
     if need_weights or is_grad_enabled() or (module.dropout.training and module.dropout.rate > 0):
         return NotImplemented  # the weights are wanted, kept for the backward, or dropped out
-    module.check_inputs(query, key, value, mask)  # as the forward it stands in for
-    q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
-    k = module.split_heads(module.w_k(key))  # (B, H_kv, T_k, d_k)
-    v = module.split_heads(module.w_v(value))  # (B, H_kv, T_k, d_k)
-    q, k = module.rotary(q), module.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
+    module.check_inputs(query, key, value, mask, cache, position)  # as the forward it stands in for
+    q = module.rotary(module.split_heads(module.w_q(query)), position)  # (B, H, T_q, d_k)
+    k, v = module.key_value(key, value, position)  # (B, H_kv, T_k, d_k) each, or None
+    if cache is not None:
+        k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
+    check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
+    if cache is not None and (mask is None or mask.shape[1] == 1):  # one mask for every head
+        return module.w_o(module.merge_heads(_grouped_attention(q, k, v, mask))), None  # (B, T_q, d_model)
     groups = module.groups
     if groups > 1:  # grouped-query attention: query head h reads kv head h // groups
         k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)  # (B, H, T_k, d_k) each
     context = np.empty_like(q)  # (B, H, T_q, d_k)
     scale = math.sqrt(q.shape[-1])
     for b in range(q.shape[0]):
-        scores = q[b] @ np.swapaxes(k[b], -1, -2)  # (H, T_q, d_k) @ (H, d_k, T_k) -> (H, T_q, T_k)
+        scores = q[b] @ k[b].swapaxes(-1, -2)  # (H, T_q, d_k) @ (H, d_k, T_k) -> (H, T_q, T_k)
         scores /= scale
         if mask is not None:
             allowed = np.broadcast_to(mask[b if mask.shape[0] > 1 else 0], scores.shape)  # (H, T_q, T_k)
@@ -102,23 +106,15 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     return module.w_o(module.merge_heads(context)), None  # (B, T_q, d_model)
 
 
-KERNELS["multi_head_attention"] = multi_head_attention
-
-
-# --------------------------------------------------------------------------------- attend
-def attend(module, query, cache, mask=None, position=0):
-    """``MultiHeadAttention.attend`` with the query heads of each key/value head as one block."""
-    q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
-    q = module.rotary(q, position)  # (B, H, T_q, d_k)
+def _grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """q (B, H, T_q, d_k) over k and v (B, H_kv, T_k, d_k), mask (B|1, 1, T_q|1, T_k) or None ->
+    context (B, H, T_q, d_k), the cache read in place: no repeated copy of it."""
     batch, heads, t_q, d_k = q.shape
-    kv_heads, t_k = cache.k.shape[1], cache.k.shape[2]
+    kv_heads, t_k = k.shape[1], k.shape[2]
     groups = heads // kv_heads
-    check_mask("mask", mask, (batch, heads, t_q, t_k))
-    if mask is not None and mask.shape[1] != 1:
-        return NotImplemented  # a mask per head: the written-out code reads it head by head
     # query head h = j * groups + g reads key/value head j: (H, T_q) -> (H_kv, groups * T_q) is a reshape
     grouped = q.reshape(batch, kv_heads, groups * t_q, d_k)  # (B, H_kv, groups * T_q, d_k)
-    scores = grouped @ np.swapaxes(cache.k, -1, -2)  # (B, H_kv, groups * T_q, d_k) @ (B, H_kv, d_k, T_k)
+    scores = grouped @ k.swapaxes(-1, -2)  # (B, H_kv, groups * T_q, d_k) @ (B, H_kv, d_k, T_k)
     scores /= math.sqrt(d_k)  # (B, H_kv, groups * T_q, T_k)
     if mask is not None:  # (B|1, 1, T_q|1, T_k) -> the same rows for every query head of a group
         rows = np.broadcast_to(mask[:, :, None], (mask.shape[0], 1, groups, t_q, t_k))  # (B|1, 1, groups, T_q, T_k)
@@ -131,9 +127,8 @@ def attend(module, query, cache, mask=None, position=0):
     total = scores.sum(axis=-1, keepdims=True)  # (B, H_kv, groups * T_q, 1)
     total[total == 0] = 1.0  # a row with no allowed key: weights 0, output 0
     scores /= total  # the weights
-    context = scores @ cache.v  # (B, H_kv, groups * T_q, T_k) @ (B, H_kv, T_k, d_k) -> (B, H_kv, groups * T_q, d_k)
-    context = context.reshape(batch, heads, t_q, d_k)  # (B, H, T_q, d_k)
-    return module.w_o(module.merge_heads(context))  # (B, T_q, d_model)
+    context = scores @ v  # (B, H_kv, groups * T_q, T_k) @ (B, H_kv, T_k, d_k) -> (B, H_kv, groups * T_q, d_k)
+    return context.reshape(batch, heads, t_q, d_k)  # (B, H, T_q, d_k)
 
 
-KERNELS["attend"] = attend
+KERNELS["multi_head_attention"] = multi_head_attention

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 from torch import Tensor as Array
@@ -13,6 +12,7 @@ from transformer_spec import Config
 from transformer_spec.checks import (
     check_attention_inputs,
     check_attention_projections,
+    check_cache_holds_keys,
     check_rows,
 )
 from transformer_spec.trace import record
@@ -80,12 +80,23 @@ def repeat_kv(x: Array, groups: int) -> Array:
     return torch.repeat_interleave(x, groups, dim=1)  # (B, H, T, d_k): kv heads 0, 0, .., 1, 1, ..
 
 
-class KeyValueCache(NamedTuple):
-    """One attention layer's keys and values, already projected and split into heads, kept
-    between decoding steps so that a step projects only its new tokens."""
+class KeyValueCache:
+    """One attention layer's keys and values while decoding, already projected and split into
+    heads, so that a step projects only its new tokens (``MultiHeadAttention.__call__`` with
+    ``cache=``). ``update`` writes a step's new keys and values in, as Hugging Face's caches do."""
 
-    k: Array  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
-    v: Array  # (B, H_kv, T_cache, d_k)
+    def __init__(self, k: Array, v: Array):
+        self.k = k  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
+        self.v = v  # (B, H_kv, T_cache, d_k)
+
+    def update(self, k: Array | None, v: Array | None, position: int) -> tuple[Array, Array]:
+        """The keys and values (B, H_kv, T_new, d_k) of positions position .. position + T_new - 1
+        -> those of every position so far, the new ones kept for the next step. None: nothing
+        new (cross-attention: the cache holds the memory's, projected once, before the first step)."""
+        if k is not None:
+            self.k = append_to_cache(self.k, k, position, axis=2)  # (B, H_kv, T_cache, d_k)
+            self.v = append_to_cache(self.v, v, position, axis=2)  # (B, H_kv, T_cache, d_k)
+        return self.k, self.v
 
 
 def append_to_cache(cached: Array, new: Array, position: int, axis: int) -> Array:
@@ -150,34 +161,46 @@ class MultiHeadAttention(nn.Module):
     def check_inputs(
         self,
         query: Array,
-        key: Array,
-        value: Array,
+        key: Array | None,
+        value: Array | None,
         mask: Array | None = None,
+        cache: KeyValueCache | None = None,
+        position: int = 0,
     ) -> None:
-        """query (B, T_q, d_model), key and value (B, T_k, d_model) in the weights' dtype, mask
-        broadcastable to the scores (B, H, T_q, T_k); checked here, before a fused kernel may take the call."""
+        """query (B, T_q, d_model), key and value (B, T_k, d_model) in the weights' dtype (None: a
+        cache holds them), mask broadcastable to the scores (B, H, T_q, T_k), which span the cache
+        too when there is one; checked here, before a fused kernel may take the call."""
+        if key is None or value is None:
+            check_cache_holds_keys(key, value, cache is not None)
+            key = value = query[:, :0]  # (B, 0, d_model): no new keys and values
         check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
         check_float_inputs(("query", "key", "value"), (query, key, value), self)
-        check_mask("mask", mask, (query.shape[0], self.num_heads, query.shape[1], key.shape[1]))
-        if isinstance(self.rotary, RotaryEmbedding):  # positions 0 .. T - 1 of its tables
-            check_rows(0, max(query.shape[1], key.shape[1]), self.config.max_len)
+        if cache is None:  # else the scores' length is the cache's: checked where they are made
+            check_mask("mask", mask, (query.shape[0], self.num_heads, query.shape[1], key.shape[1]))
+        if isinstance(self.rotary, RotaryEmbedding):  # its table has rows for these positions
+            check_rows(position, max(query.shape[1], key.shape[1]), self.config.max_len)
 
     @fusable("multi_head_attention")  # speed: a fused kernel may run instead (kernels.py)
     def forward(
         self,
         query: Array,
-        key: Array,
-        value: Array,
+        key: Array | None,
+        value: Array | None,
         mask: Array | None = None,
         need_weights: bool = False,
+        cache: KeyValueCache | None = None,
+        position: int = 0,
     ) -> tuple[Array, Array | None]:
         """query (B, T_q, d_model), key and value (B, T_k, d_model) -> output (B, T_q, d_model),
-        and the attention weights (B, H, T_q, T_k) when ``need_weights``."""
-        self.check_inputs(query, key, value, mask)  # shapes and dtypes: refused with a message
-        q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
-        k = self.split_heads(self.w_k(key))  # (B, H_kv, T_k, d_k)
-        v = self.split_heads(self.w_v(value))  # (B, H_kv, T_k, d_k)
-        q, k = self.rotary(q), self.rotary(k)  # (B, H, T_q, d_k), (B, H_kv, T_k, d_k)
+        and the attention weights (B, H, T_q, T_k) when ``need_weights``.
+
+        Decoding passes the layer's ``cache`` and the ``position`` of the first new token: the new
+        keys and values join those of every earlier position, and the queries attend over all."""
+        self.check_inputs(query, key, value, mask, cache, position)  # refused with a message
+        q = self.rotary(self.split_heads(self.w_q(query)), position)  # (B, H, T_q, d_k)
+        k, v = self.key_value(key, value, position)  # (B, H_kv, T_k, d_k) each, or None
+        if cache is not None:  # decoding: with the keys and values of every earlier position
+            k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
         record(self, q=q, k=k, v=v)
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, T_k, d_k) each
         context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k)
@@ -185,47 +208,23 @@ class MultiHeadAttention(nn.Module):
         record(self, output=output)
         return output, (weights if need_weights else None)
 
-    # ---------------------------------------------------------------- decoding with a cache
-    # ``forward`` split in two: the keys and values (what a cache keeps), and the attention
-    # of new queries over them.
-
-    def key_value(self, x: Array, position: int = 0) -> KeyValueCache:
-        """x (B, T, d_model) at positions position .. position + T - 1 -> its keys and values,
-        each (B, H_kv, T, d_k); the keys rotated by their positions when rotary."""
-        k = self.split_heads(self.w_k(x))  # (B, H_kv, T, d_k)
-        k = self.rotary(k, position)  # (B, H_kv, T, d_k)
-        return KeyValueCache(k, self.split_heads(self.w_v(x)))  # (B, H_kv, T, d_k) each
+    def key_value(self, key: Array | None, value: Array | None, position: int = 0) -> tuple:
+        """key and value (B, T, d_model) at positions position .. position + T - 1 -> their keys
+        and values (B, H_kv, T, d_k), the keys rotated; (None, None) for None: decoding's
+        cross-attention reads the memory's from its cache, projected once."""
+        if key is None:
+            return None, None
+        k = self.rotary(self.split_heads(self.w_k(key)), position)  # (B, H_kv, T, d_k)
+        return k, self.split_heads(self.w_v(value))  # (B, H_kv, T, d_k) each
 
     def empty_cache(self, batch: int) -> KeyValueCache:
-        """The keys and values of no token yet: (B, H_kv, 0, d_k) each, grown by ``append_to_cache``."""
+        """The keys and values of no token yet: (B, H_kv, 0, d_k) each, grown by ``update``."""
         # differs: torch-device  differs: jit-static-shapes
         weight = self.w_k.weight
         empty = torch.zeros(
             (batch, self.num_kv_heads, 0, self.d_k), dtype=weight.dtype, device=weight.device
         )  # (B, H_kv, 0, d_k)
         return KeyValueCache(empty, empty)  # (B, H_kv, 0, d_k) each
-
-    def extend_cache(self, cache: KeyValueCache, x: Array, position: int) -> KeyValueCache:
-        """``cache`` of positions 0 .. position - 1, and x (B, T_new, d_model) at the next T_new
-        positions -> the cache of positions 0 .. position + T_new - 1."""
-        new = self.key_value(x, position)  # (B, H_kv, T_new, d_k) each
-        k = append_to_cache(cache.k, new.k, position, axis=2)  # (B, H_kv, T_cache, d_k)
-        v = append_to_cache(cache.v, new.v, position, axis=2)  # (B, H_kv, T_cache, d_k)
-        return KeyValueCache(k, v)
-
-    @fusable("attend")  # speed: a fused kernel may run instead (kernels.py)
-    def attend(
-        self, query: Array, cache: KeyValueCache, mask: Array | None = None, position: int = 0
-    ) -> Array:
-        """query (B, T_q, d_model) at positions position .. position + T_q - 1 over cached keys and
-        values (B, H_kv, T_k, d_k) -> (B, T_q, d_model).
-
-        The same arithmetic as ``forward``, whose keys and values were computed in the call."""
-        q = self.split_heads(self.w_q(query))  # (B, H, T_q, d_k)
-        q = self.rotary(q, position)  # (B, H, T_q, d_k)
-        k, v = repeat_kv(cache.k, self.groups), repeat_kv(cache.v, self.groups)  # (B, H, T_k, d_k) each
-        context, _ = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T_q, d_k)
-        return self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
 
 
 class AttentionHead(nn.Module):

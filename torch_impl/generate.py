@@ -50,7 +50,7 @@ from transformer_run.decoding import (
 )
 from transformer_spec.checks import inputs_checked
 
-from .attention import append_to_cache
+from .attention import KeyValueCache, append_to_cache
 from .decoder import LayerCache
 from .masks import make_cross_attention_mask
 
@@ -121,7 +121,7 @@ def decode_step(
     tgt_mask = make_step_mask(keep, position, tokens.shape[1])  # (N, 1, T_new, T_cache)
     x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
     with inputs_checked():  # the step's tokens and position are checked: the layers trust them
-        x, cache = model.decoder.step(x, cache, position, tgt_mask, memory_mask)  # (N, T_new, d_model)
+        x, _, _, _ = model.decoder(x, None, tgt_mask, memory_mask, cache=cache, position=position)  # (N, T_new, d)
         if not project:
             return None, cache, keep
         logits = model.generator(x, model.tgt_embed.token.weight)  # (N, T_new, V)
@@ -133,6 +133,8 @@ def select_rows(tree: Any, rows: Array) -> Any:
     # differs: jax-pytree
     if tree is None:
         return None
+    if isinstance(tree, KeyValueCache):  # a new cache: the search may keep one row twice
+        return KeyValueCache(tree.k[rows], tree.v[rows])  # (len(rows), H_kv, T_cache, d_k) each
     if isinstance(tree, tuple):
         items = [select_rows(item, rows) for item in tree]
         return type(tree)(*items) if hasattr(tree, "_fields") else tuple(items)

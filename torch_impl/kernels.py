@@ -3,8 +3,8 @@
 The component files show the math; a teaching function or forward with a faster equivalent
 carries one marked line, ``@fusable(name)``, and the kernel registered here under that name
 runs instead while fused kernels are enabled (``transformer_spec.kernels`` has the switch and
-how a call is dispatched). ``shared_tests/test_fast_paths.py`` holds every kernel equal to the
-code it replaces.
+how a call is dispatched). ``shared_tests/components/test_fast_paths.py`` holds every kernel
+equal to the code it replaces.
 
 torch's kernels:
 
@@ -24,7 +24,7 @@ torch's kernels:
   read the same input (self-attention; k and v alone for cross-attention), as
   ``nn.MultiheadAttention`` stores them; grouped-query keys and values are not repeated
   (``enable_gqa``). Not when the weights are wanted or dropped out.
-* ``attend`` (a decoding step over the key/value cache): the same kernel.
+  A decoding step (with a key/value cache) takes the same kernel.
 
 A query row with no allowed key is 0 on every path: the attention kernel lets such a row
 attend to every key inside the kernel (finite, also in the backward pass) and zeroes it
@@ -137,13 +137,15 @@ def attention_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return context.masked_fill(~has_key, 0.0)  # (..., T_q, d_v), 0 where no key was allowed
 
 
-def multi_head_attention(module, query, key, value, mask=None, need_weights=False):
+def multi_head_attention(module, query, key, value, mask=None, need_weights=False, cache=None, position=0):
     """``MultiHeadAttention.forward`` without the (B, H, T_q, T_k) weights."""
     if need_weights or (module.dropout.training and module.dropout.rate > 0):
         return NotImplemented  # the weights are wanted, or dropped out (with our dropout mask)
-    module.check_inputs(query, key, value, mask)  # as the forward it stands in for
+    module.check_inputs(query, key, value, mask, cache, position)  # as the forward it stands in for
     d_q, d_kv = module.w_q.out_features, module.w_k.out_features
-    if query is key and key is value:  # self-attention: one (d_model, d_q + 2 d_kv) matmul
+    if key is None:  # decoding's cross-attention: the memory's keys and values are in the cache
+        q, k, v = module.w_q(query), None, None  # (B, T_q, d_q)
+    elif query is key and key is value:  # self-attention: one (d_model, d_q + 2 d_kv) matmul
         qkv = F.linear(query, *_packed(module.w_q, module.w_k, module.w_v))  # (B, T, d_q + 2 d_kv)
         q, k, v = qkv.split([d_q, d_kv, d_kv], dim=-1)  # (B, T, d_q), (B, T, d_kv) x2
     elif key is value:  # cross-attention: the memory's keys and values in one matmul
@@ -151,22 +153,15 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
         k, v = F.linear(key, *_packed(module.w_k, module.w_v)).chunk(2, dim=-1)  # (B, T_k, d_kv) x2
     else:
         q, k, v = module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_q|T_k, d_q|d_kv)
-    q, k, v = module.split_heads(q), module.split_heads(k), module.split_heads(v)  # (B, H|H_kv, T, d_k)
-    q, k = module.rotary(q), module.rotary(k)  # (B, H, T, d_k), (B, H_kv, T, d_k)
+    q = module.rotary(module.split_heads(q), position)  # (B, H, T_q, d_k)
+    if k is not None:
+        k, v = module.rotary(module.split_heads(k), position), module.split_heads(v)  # (B, H_kv, T_k, d_k)
+    if cache is not None:
+        k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
+        check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
     context = module.merge_heads(attention_context(q, k, v, mask))  # (B, T_q, d_q)
     return module.w_o(context), None  # (B, T_q, d_model)
 
 
 KERNELS["multi_head_attention"] = multi_head_attention
 
-
-# --------------------------------------------------------------------------------- attend
-def attend(module, query, cache, mask=None, position=0):
-    """``MultiHeadAttention.attend``: new queries over the key/value cache in one kernel."""
-    q = module.split_heads(module.w_q(query))  # (B, H, T_q, d_k)
-    q = module.rotary(q, position)  # (B, H, T_q, d_k)
-    check_mask("mask", mask, (*q.shape[:-1], cache.k.shape[-2]))
-    return module.w_o(module.merge_heads(attention_context(q, cache.k, cache.v, mask)))  # (B, T_q, d_model)
-
-
-KERNELS["attend"] = attend

@@ -216,6 +216,18 @@ def check_attention_projections(
         )
 
 
+def check_cache_holds_keys(key: Any, value: Any, has_cache: bool) -> None:
+    """Attention given no key and value (None) reads every key and value from its cache: decoding's
+    cross-attention, whose cache holds the memory's, projected once before the first step."""
+    if (key is None) != (value is None):
+        raise ValueError(
+            "key and value must both be arrays (B, T_k, d_model), or both None (the cache holds them), "
+            f"got key {'None' if key is None else 'an array'} and value {'None' if value is None else 'an array'}"
+        )
+    if not has_cache:
+        raise ValueError("key and value are None but no cache holds them: pass arrays (B, T_k, d_model)")
+
+
 def check_hidden(name: str, shape: Sequence[int], d_model: int) -> None:
     """Activations entering a layer: (B, T, d_model)."""
     if caller_checked():
