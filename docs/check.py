@@ -2,7 +2,7 @@
 
 The site is not compared with a committed copy: it is built from the source and then
 checked for what matters to a reader (``python -m docs.build --check``,
-``shared_tests/test_docs.py``):
+``shared_tests/repository/test_docs.py``):
 
 - ``missing_definitions``: every function or class that ``docs/components.py`` names exists
   in each backend's file, unless the page says why that backend has none (its ``notes``,

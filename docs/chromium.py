@@ -1,5 +1,5 @@
 """Headless Chromium (Debian's ``chromium`` package): a screenshot of a page, or its DOM after
-layout. Used by ``python -m docs.build --screenshot`` and by ``shared_tests/test_docs.py``."""
+layout. Used by ``python -m docs.build --screenshot`` and by ``shared_tests/repository/test_docs.py``."""
 
 from __future__ import annotations
 

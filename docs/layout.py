@@ -7,7 +7,7 @@ turns the measurements into sentences: an equation wider than its box (clipped, 
 scrolled: both fail), content cut off by a box that hides its overflow, a page that runs
 past the right edge of the window, code wider than its column, and, from
 ``THREE_COLUMNS_FROM`` px up, a three-column section whose columns are not side by side.
-Used by ``shared_tests/test_docs.py`` (skipped without Chromium).
+Used by ``shared_tests/repository/test_docs.py`` (skipped without Chromium).
 """
 
 from __future__ import annotations

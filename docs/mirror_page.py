@@ -124,7 +124,7 @@ def mirror_page(report: Report, baseline: dict | None = None) -> str:
         '<code>transformer_mirror/differences.py</code> (<a href="#reasons">the list</a>). A difference counts '
         "as many statements as its longer side.</p>\n"
         f"<p>The same report in a terminal: <code>{command}</code> (exit status 1 when a difference has no "
-        "reason; <code>shared_tests/test_mirror.py</code> fails then too). The counts before the redesign "
+        "reason; <code>shared_tests/repository/test_mirror.py</code> fails then too). The counts before the redesign "
         "were measured with the command in <code>docs/mirror_baseline.json</code>.</p>\n"
         f"{_summary(report, baseline)}\n"
         + "\n".join(sections)

@@ -171,7 +171,7 @@ def index_page(report: dict | None, extra: list[tuple[str, str, str]]) -> str:
         + "\n<p>Rebuild with <code>nox -s docs</code> (measures parity, traces the walkthrough, renders "
         "<code>docs/site/</code>, takes the screenshots, runs the docs tests), or only re-render the pages "
         "from the committed measurements with <code>python -m docs.build</code>. "
-        "<code>pytest shared_tests/test_docs.py</code> builds the site from the source and fails when a "
+        "<code>pytest shared_tests/repository/test_docs.py</code> builds the site from the source and fails when a "
         "definition a page names is missing from a backend, a page or a link is broken, or, in headless "
         "Chromium at 1000, 1400 and 1900 px wide, an equation or a column does not fit.</p>"
     )

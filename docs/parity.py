@@ -40,7 +40,7 @@ def matching(report: dict | None, patterns: tuple[str, ...]) -> list[dict]:
 
 
 def _function(test_id: str) -> str:
-    """``shared_tests/test_x.py::test_y[params]`` -> ``test_x.py::test_y``."""
+    """``shared_tests/<subject>/test_x.py::test_y[params]`` -> ``test_x.py::test_y``."""
     return test_id.split("/")[-1].split("[")[0]
 
 

@@ -4,7 +4,7 @@ which of its bugs are fixed here and where. Plain data for the page ``tutorials.
 
 They are five Chinese PyTorch tutorials: two Jupyter notebooks, a blog post, an article and a
 set of study notes. The pitfalls refer to them by ``slug`` (``@register(...,
-tutorials=("from-scratch",))`` in ``transformer_pitfalls``); ``shared_tests/test_docs.py``
+tutorials=("from-scratch",))`` in ``transformer_pitfalls``); ``shared_tests/repository/test_docs.py``
 checks that each pitfall a tutorial makes is listed among that tutorial's bugs below.
 
 Prose is plain text with `code` in backticks and [links](page.html#anchor) to the site's pages.

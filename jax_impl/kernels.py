@@ -3,8 +3,8 @@
 The component files show the math; a teaching function or forward with a faster equivalent
 carries one marked line, ``@fusable(name)``, and the kernel registered here under that name
 runs instead while fused kernels are enabled (``transformer_spec.kernels`` has the switch and
-how a call is dispatched). ``shared_tests/test_fast_paths.py`` holds every kernel equal to the
-code it replaces.
+how a call is dispatched). ``shared_tests/components/test_fast_paths.py`` holds every kernel
+equal to the code it replaces.
 
 JAX's kernels: none. Under ``jax.jit`` (how the model runs; see ``model.py``) XLA fuses the
 written-out math itself: LayerNorm's passes, GELU's, the softmax's masking, scaling and

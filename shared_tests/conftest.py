@@ -16,6 +16,7 @@ import atexit
 import importlib.util
 import json
 import os
+import pathlib
 import platform
 import shlex
 import shutil
@@ -73,49 +74,52 @@ def pytest_generate_tests(metafunc):
 
 # The slow set (marker ``slow``): every test function with a case that took 8 s or more in a serial
 # run on the 2-core CPU (JAX compiling training steps and decoders, real processes, the real
-# SmolLM2). CI runs them all; ``pytest -m "not slow"`` is the quick run. Under xdist they are
-# handed out first, so that no worker is left with a long test at the end while the others idle.
+# SmolLM2), by file (its path under shared_tests/). CI runs them all; ``pytest -m "not slow"`` is
+# the quick run. Under xdist they are handed out first, so that no worker is left with a long test
+# at the end while the others idle.
 SLOW = {
-    "test_checkpoints.py": {
+    "training/test_checkpoints.py": {
         "test_a_run_resumed_from_its_checkpoint_file_continues_exactly",
         "test_a_killed_run_resumes_to_the_uninterrupted_loss_curve",
         "test_a_checkpoint_is_a_weights_file_every_backend_loads",
         "test_the_state_holds_adam_moments_in_the_weights_layout_equal_in_every_backend",
     },
-    "test_oracle_smollm2_model.py": {
+    "oracles/test_oracle_smollm2_model.py": {
         "test_logits_at_every_position_match_transformers",
         "test_greedy_tokens_equal_transformers_generate",
         "test_the_three_backends_agree_to_1e_12_in_float64",
     },
-    "test_oracle_smollm2_transformers.py": {"test_last_logits_match_transformers_loading_the_same_file"},
-    "test_dropout.py": {
+    "oracles/test_oracle_smollm2_transformers.py": {"test_last_logits_match_transformers_loading_the_same_file"},
+    "training/test_dropout.py": {
         "test_train_trains_with_dropout_and_leaves_inference_mode",
         "test_training_mode_masks_are_random_and_reproducible_from_the_seed",
     },
-    "test_gradients.py": {"test_loss_and_gradients_match_reference", "test_float32_models_get_float32_gradients"},
-    "test_fast_paths.py": {"test_gradients_are_the_same_with_and_without_fused_kernels"},
-    "test_decoding.py": {"test_cached_and_uncached_steppers_give_the_same_logits"},
-    "test_training.py": {
+    "training/test_gradients.py": {"test_loss_and_gradients_match_reference", "test_float32_models_get_float32_gradients"},
+    "components/test_fast_paths.py": {"test_gradients_are_the_same_with_and_without_fused_kernels"},
+    "decoding/test_decoding.py": {"test_cached_and_uncached_steppers_give_the_same_logits"},
+    "training/test_training.py": {
         "test_float64_loss_curves_follow_the_reference_step_by_step",
         "test_every_backend_learns_the_copy_task_to_exact_greedy_outputs",
         "test_a_checkpoint_moves_between_backends_and_the_numbers_carry_on",
     },
-    "test_modern.py": {
+    "components/test_modern.py": {
         "test_rotary_cache_holds_kv_heads_and_cached_equals_uncached",
         "test_modern_models_decode_the_same_tokens_in_every_backend",
     },
-    "test_trace.py": {"test_the_same_weights_agree_everywhere_in_compare_traces"},
-    "test_smollm2_sentence.py": {
+    "models/test_trace.py": {"test_the_same_weights_agree_everywhere_in_compare_traces"},
+    "cli/test_smollm2_sentence.py": {
         "test_trace_command_traces_the_real_model_and_the_backends_agree_in_float64",
         "test_attention_command_draws_the_chosen_layers_and_heads",
     },
-    "test_inputs.py": {"test_records_of_another_model_in_another_thread_do_not_reach_the_trace"},
+    "inputs/test_inputs.py": {"test_records_of_another_model_in_another_thread_do_not_reach_the_trace"},
 }
 
 
 def pytest_collection_modifyitems(config, items):
+    here = pathlib.Path(__file__).resolve().parent
     for item in items:
-        if getattr(item, "originalname", item.name) in SLOW.get(item.path.name, ()):
+        file = item.path.resolve().relative_to(here).as_posix() if item.path.resolve().is_relative_to(here) else ""
+        if getattr(item, "originalname", item.name) in SLOW.get(file, ()):
             item.add_marker(pytest.mark.slow)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: the controller hands out this order
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)

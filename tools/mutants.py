@@ -10,13 +10,13 @@ killed (a test failed), survived (all passed) or timeout. The copy is imported, 
 and each run checks that. Prints a table and the mutation score; writes JSON results.
 
 What the runs leave out, and why:
-  * shared_tests/test_mirror.py: it compares the three backends' source line by line, and
+  * shared_tests/repository/test_mirror.py: it compares the three backends' source line by line, and
     test_every_difference_has_a_reason fails on any one-backend edit whatever it does (checked:
     a torch-only mutant fails it and nothing else of test_docs.py + test_mirror.py), so it
     would kill every backend mutant and hide the survivors;
-  * shared_tests/test_docs.py: the site built from the source (a minute a run) and checked for
+  * shared_tests/repository/test_docs.py: the site built from the source (a minute a run) and checked for
     what a reader needs; no parity number in it (those come from the suite below);
-  * the oracles (test_oracle_*.py: downloads, minutes), and the subprocess tests (CLI,
+  * the oracles (shared_tests/oracles/: downloads, minutes), and the subprocess tests (CLI,
     README, packaging, checkpoints killed mid-write, the SmolLM2 commands), for speed.
 A model mutant runs CORE (test_fast_paths.py in it: a torch norm's written-out code is
 compared only there, the fused kernel runs everywhere else; ``--full``: every other file
@@ -45,23 +45,24 @@ import time
 from .mutant_list import MUTANTS, Mutant
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-EXCLUDED = {"test_docs.py", "test_mirror.py", "test_cli.py", "test_cli_errors.py", "test_cli_generate.py",
-            "test_readme.py", "test_packages.py", "test_checkpoints.py", "test_smollm2_sentence.py"}  # fmt: skip
+EXCLUDED = {"repository/test_docs.py", "repository/test_mirror.py", "cli/test_cli.py", "cli/test_cli_errors.py",
+            "cli/test_cli_generate.py", "repository/test_readme.py", "repository/test_packages.py",
+            "training/test_checkpoints.py", "cli/test_smollm2_sentence.py"}  # fmt: skip
 # A model mutant runs these, in this order (paths under shared_tests/).
-CORE = ["test_decoding_search.py", "test_models.py", "test_fast_paths.py", "test_components.py", "test_modern.py",
-        "test_gradients.py",
-        "test_decoding.py", "test_dropout.py", "test_training.py", "test_params.py", "test_attention_properties.py",
-        "test_spec.py", "test_errors.py"]  # fmt: skip
+CORE = ["decoding/test_decoding_search.py", "models/test_models.py", "components/test_fast_paths.py",
+        "components/test_components.py", "components/test_modern.py", "training/test_gradients.py",
+        "decoding/test_decoding.py", "training/test_dropout.py", "training/test_training.py", "models/test_params.py",
+        "components/test_attention_properties.py", "models/test_spec.py", "inputs/test_errors.py"]  # fmt: skip
 # The tests written for the mutants that survived everything else (each docstring names the
 # mutants it kills): left out of the first run and run after it, so that a mutant they kill
 # shows as killed by them only (the score before them).
 MUTATION_TESTS = [
-    "test_models.py::test_the_encoder_and_decoder_final_norms_follow_their_own_flags",
-    "test_dropout.py::test_dropout_sits_where_numpys_does_under_the_same_fixed_masks",
-    "test_dropout.py::test_dropout_gradients_match_numpys_under_the_same_fixed_masks",
-    "test_decoding_search.py::test_beam_search_with_no_finished_hypothesis_returns_the_best_running_one_length_normalised",
-    "test_gradients.py::test_the_loss_skips_the_configured_pad_id_not_token_0",
-    "test_converters.py::test_their_names_hold_the_tensors_the_libraries_give_them",
+    "models/test_models.py::test_the_encoder_and_decoder_final_norms_follow_their_own_flags",
+    "training/test_dropout.py::test_dropout_sits_where_numpys_does_under_the_same_fixed_masks",
+    "training/test_dropout.py::test_dropout_gradients_match_numpys_under_the_same_fixed_masks",
+    "decoding/test_decoding_search.py::test_beam_search_with_no_finished_hypothesis_returns_the_best_running_one_length_normalised",
+    "training/test_gradients.py::test_the_loss_skips_the_configured_pad_id_not_token_0",
+    "interop/test_converters.py::test_their_names_hold_the_tensors_the_libraries_give_them",
 ]
 
 
@@ -69,18 +70,19 @@ MUTATION_TESTS = [
 # (a model mutant runs everything above; these run in seconds instead of minutes).
 BY_PATH = {
     "transformer_run/decoding.py": [
-        "test_decoding_search.py",
-        "test_decoding.py",
-        "test_modern.py",
-        "test_inputs.py",
-        "test_errors.py",
+        "decoding/test_decoding_search.py",
+        "decoding/test_decoding.py",
+        "components/test_modern.py",
+        "inputs/test_inputs.py",
+        "inputs/test_errors.py",
     ],
-    "transformer_text/tokenizer.py": ["test_inputs.py", "test_spec.py", "test_errors.py"],
-    "transformer_run/schedules.py": ["test_training.py", "test_spec.py", "test_gradients.py"],
+    "transformer_text/tokenizer.py": ["inputs/test_inputs.py", "models/test_spec.py", "inputs/test_errors.py"],
+    "transformer_run/schedules.py": ["training/test_training.py", "models/test_spec.py", "training/test_gradients.py"],
 }
 for _converter in ("hf_bert", "hf_llama", "hf_gpt2", "hf_marian", "rope", "gguf", "torch_transformer"):
-    BY_PATH[f"transformer_convert/{_converter}.py"] = ["test_converters.py", "test_modern.py", "test_weights_files.py",
-                                                    "test_params.py", "test_spec.py"]  # fmt: skip
+    BY_PATH[f"transformer_convert/{_converter}.py"] = ["interop/test_converters.py", "components/test_modern.py",
+                                                    "interop/test_weights_files.py", "models/test_params.py",
+                                                    "models/test_spec.py"]  # fmt: skip
 
 
 def test_files(root: pathlib.Path, mutant: Mutant | None = None, full: bool = False) -> list[str]:
@@ -89,7 +91,7 @@ def test_files(root: pathlib.Path, mutant: Mutant | None = None, full: bool = Fa
     suite = root / "shared_tests"
     names = sorted(p.relative_to(suite).as_posix() for p in suite.rglob("test_*.py"))
     if full:
-        chosen = [n for n in names if n not in EXCLUDED and not n.split("/")[-1].startswith("test_oracle_")]
+        chosen = [n for n in names if n not in EXCLUDED and not n.startswith("oracles/")]
     elif mutant is not None and mutant.path in BY_PATH:
         chosen = BY_PATH[mutant.path]
     else:

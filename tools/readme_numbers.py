@@ -20,7 +20,7 @@ another page needs no change here. The sources, each written by the command that
   of each (``bench.targets``). ``--measure`` does not run the benchmark (half an hour, and it
   wants a quiet machine): run those two commands first.
 
-``shared_tests/test_readme_numbers.py`` fails when a block of any of those files differs from
+``shared_tests/repository/test_readme_numbers.py`` fails when a block of any of those files differs from
 what these sources give, and when ``docs/compare.txt`` differs from a fresh ``compare`` run
 (timings aside).
 """
@@ -48,13 +48,14 @@ BENCH = [os.path.join(ROOT, "bench", "results", "latest.json"),
 TRAINING = os.path.join(ROOT, "bench", "results", "training", "latest.json")  # python -m bench.lm_training
 
 # The tests behind docs/parity.json: every component, model, gradient, decoding and training check.
-SUITE_TESTS = ["shared_tests/test_components.py", "shared_tests/test_models.py",
-               "shared_tests/test_gradients.py", "shared_tests/test_decoding.py", "shared_tests/test_dropout.py",
-               "shared_tests/test_fast_paths.py", "shared_tests/test_trace.py", "shared_tests/test_modern.py",
-               "shared_tests/test_training.py"]  # fmt: skip
-ORACLE_TESTS = ["shared_tests/test_oracle_torch_modules.py", "shared_tests/test_oracle_bert.py",
-                "shared_tests/test_oracle_flax.py", "shared_tests/test_oracle_smollm2_model.py",
-                "shared_tests/test_oracle_hf_models.py"]  # fmt: skip
+SUITE_TESTS = ["shared_tests/components/test_components.py", "shared_tests/models/test_models.py",
+               "shared_tests/training/test_gradients.py", "shared_tests/decoding/test_decoding.py",
+               "shared_tests/training/test_dropout.py", "shared_tests/components/test_fast_paths.py",
+               "shared_tests/models/test_trace.py", "shared_tests/components/test_modern.py",
+               "shared_tests/training/test_training.py"]  # fmt: skip
+ORACLE_TESTS = ["shared_tests/oracles/test_oracle_torch_modules.py", "shared_tests/oracles/test_oracle_bert.py",
+                "shared_tests/oracles/test_oracle_flax.py", "shared_tests/oracles/test_oracle_smollm2_model.py",
+                "shared_tests/oracles/test_oracle_hf_models.py"]  # fmt: skip
 COMPARE_COMMAND = ["compare"]  # transformer-ref compare, the README's main command, as the README shows it
 BACKENDS = ("numpy", "jax", "torch")
 REFERENCE = "numpy float64"

@@ -4,7 +4,7 @@ Each pitfall runs the wrong code (as the tutorials write it) and ours on the sam
 small, seeded input, in every selected backend where the mistake can happen, and prints
 the two results side by side. A backend whose framework is not installed is skipped,
 with the reason. The same demonstrations are held to their claims by
-shared_tests/test_pitfalls.py, and are the data of the docs' "Pitfalls" page
+shared_tests/repository/test_pitfalls.py, and are the data of the docs' "Pitfalls" page
 (transformer_pitfalls.run_all).
 """
 

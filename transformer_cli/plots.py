@@ -1,7 +1,7 @@
 """The pictures of ``transformer-ref``: attention heatmaps (``attention``) and the loss curve (``train --plot``).
 
 Each function returns a matplotlib ``Figure`` (no pyplot state, no screen: the Agg canvas), which
-the command saves and ``shared_tests/test_plots.py`` measures: nothing clipped at the edges, no
+the command saves and ``shared_tests/repository/test_plots.py`` measures: nothing clipped at the edges, no
 tick labels of two panels overlapping, little empty margin, at any head count and figure width.
 
 The heatmap grid is laid out by hand, in inches, from the measured size of its labels: every

@@ -10,7 +10,7 @@ work (NumPy: 2.3-3.5 s). So the default is 1 thread for a small model (under
 The thread count changes no result of the written-out code (bit for bit, float32 too); it
 does change the last bits of the gradients of LayerNorm's weight and bias through torch's
 fused ``F.layer_norm`` backward, which sums them over the rows in one partial sum per thread
-(shared_tests/test_threads.py). NumPy and JAX are not affected by this option.
+(shared_tests/inputs/test_threads.py). NumPy and JAX are not affected by this option.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ It traces the written-out (teaching) code, with fused kernels off: a fused kerne
 F.scaled_dot_product_attention, its native encoder layer...) has no intermediates to
 record, so every kernel steps aside while a trace records. ``transformer-ref compare``
 runs the fused path users get by default (``--kernels both`` shows the two side by side);
-shared_tests/test_fast_paths.py holds the two equal.
+shared_tests/components/test_fast_paths.py holds the two equal.
 
 The names are the modules' paths in the model, the same as the weights' names:
 ``encoder.layers.0.self_attn.scores`` is computed with ``encoder.layers.0.self_attn.w_q.weight``.
@@ -69,7 +69,7 @@ def add_parser(commands) -> None:
 
 TRACED_PATH = (
     "path traced: the written-out code, fused kernels off (a fused kernel has no intermediates); "
-    "`transformer-ref compare` runs the fused path, held equal by shared_tests/test_fast_paths.py"
+    "`transformer-ref compare` runs the fused path, held equal by shared_tests/components/test_fast_paths.py"
 )
 
 

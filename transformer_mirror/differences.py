@@ -7,7 +7,7 @@ on a comment line directly above it. The reason is written once, below. A marker
 ``def`` line of a function that exists in one backend only explains the whole function.
 
 ``transformer-ref mirror`` and the docs page "Where the backends differ" list every
-difference with its reason; ``shared_tests/test_mirror.py`` fails on a difference without
+difference with its reason; ``shared_tests/repository/test_mirror.py`` fails on a difference without
 one, on a marker naming no reason here, and on a reason here that no difference uses.
 To add one: a short id (``<framework>-<what>``), and one paragraph that says why.
 """
@@ -33,7 +33,7 @@ REASONS: dict[str, str] = {
     "(torch's F.scaled_dot_product_attention, F.layer_norm, F.gelu and its in-place activation GEMM; "
     "NumPy's blocked float32 erf and its per-batch-entry in-place attention; none in JAX, whose XLA fuses "
     "the written-out math itself) are that framework's own and have no translation. The component files "
-    "carry the same '@fusable(name)' line in every backend, and shared_tests/test_fast_paths.py holds "
+    "carry the same '@fusable(name)' line in every backend, and shared_tests/components/test_fast_paths.py holds "
     "each kernel equal to the code it replaces.",
     NUMPY_BACKWARD: "NumPy has no autograd: each module's hand-written backward (llm.c style, checked "
     "against finite differences and against torch.autograd) has no counterpart in torch or JAX, which "
@@ -100,7 +100,7 @@ REASONS: dict[str, str] = {
     "jitted step, whose loss already sums over the global batch; NumPy, the reference, runs the shards one "
     "after another on one model and adds their gradients, each weighted by its share of the global count. "
     "All three reuse their train.py's step pieces and transformer_run.train's loop, and "
-    "shared_tests/test_data_parallel.py holds each equal to the single-device step.",
+    "shared_tests/training/test_data_parallel.py holds each equal to the single-device step.",
     "mixed-precision": "bf16 mixed precision is each framework's own: torch wraps the forward in torch.autocast "
     "(matmuls and linear layers in bf16, everything else in the dtype its inputs promote to: float32 embeddings, "
     "norms and residual stream); JAX runs Flax's compute dtype (a copy of the model inside the jitted step, its "

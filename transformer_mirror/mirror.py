@@ -23,7 +23,7 @@ counterpart (torch has autograd): it is listed as one group with the reason
 
 Standard library only (ast, tokenize, difflib): ``transformer_mirror`` imports no framework.
 ``transformer-ref mirror`` prints the report, the docs page "Where the backends differ"
-shows it, and ``shared_tests/test_mirror.py`` fails on a difference without a reason.
+shows it, and ``shared_tests/repository/test_mirror.py`` fails on a difference without a reason.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The house style: every tensor-valued line in the model code carries its shape, as a comment
 (``# (B, H, T_q, T_k)``). This module decides, from the source alone (``ast`` and
 ``tokenize``, nothing imported), which statements are *tensor lines* and whether each
-carries a shape. ``shared_tests/test_mirror.py`` holds all three backends to it.
+carries a shape. ``shared_tests/repository/test_mirror.py`` holds all three backends to it.
 
 A **tensor line** is a statement inside a function or method of a model component file
 (``COMPONENT_FILES``), constructors (``__init__``) aside (the parameters' shapes are

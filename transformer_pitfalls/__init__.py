@@ -8,7 +8,7 @@ can happen, and reports both results::
     pitfalls.get("neg-inf-mask-nan").run("torch").wrong   # "NaN at 2 of 10 positions ..."
     pitfalls.run_all(["numpy"])                           # plain data for the docs page
 
-``transformer-ref pitfalls`` prints them; ``shared_tests/test_pitfalls.py`` holds each
+``transformer-ref pitfalls`` prints them; ``shared_tests/repository/test_pitfalls.py`` holds each
 wrong result to being wrong in the stated way, and ours to being right. Each pitfall is a module
 of its own (named after it, ``neg_inf_mask_nan``); importing it registers it, and the order of the
 imports below is the order of every listing.

@@ -1,0 +1,127 @@
+"""Greedy and beam search on real models: with and without the key/value cache, in every backend,
+against the NumPy reference. (The search algorithms themselves: test_decoding_search.py.)
+
+Small on purpose: every (config, dtype, batch shape) is a JAX compilation, and the uncached
+stepper compiles once per prefix length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from transformer_run.data import BOS, EOS
+from transformer_spec import init_params
+
+from ..cases import VARIANTS, as_kind, token_ids
+from ..tolerances import assert_close
+
+KINDS = ("encoder_decoder", "decoder_only")
+NORMS = ("post-relu-sinusoidal", "pre-gelu-learned")  # post-norm and pre-norm
+STEPS = 5  # tokens generated; with seed 5 some rows of the pre-norm models emit <eos> before
+BEAM = 3
+SCORE_TOLERANCE = 1e-9  # beam scores, relative, float64: sums of STEPS log-probabilities
+
+
+def build(backend, config, dtype="float64"):
+    params = init_params(config, seed=5, dtype="float64", nonzero_biases=True)
+    return backend.impl.build_model(config, {name: value.astype(dtype) for name, value in params.items()})
+
+
+def sources(config, length=None):
+    """A padded batch of 3: sources of real lengths 7, 4, 1, or prompts of lengths 5, 2, 1."""
+    if config.kind == "encoder_decoder":
+        return token_ids(config.src_vocab_size, 3, length or 7, pad=True, pad_id=config.pad_id, seed=2)
+    return token_ids(config.tgt_vocab_size, 3, length or 5, pad=True, pad_id=config.pad_id, seed=2)
+
+
+def up_to_eos(row):
+    row = list(row)
+    return row[: row.index(EOS) + 1] if EOS in row else row
+
+
+@pytest.mark.parametrize(
+    ("norm", "dtype"),
+    [("post-relu-sinusoidal", "float64"), ("pre-gelu-learned", "float64"), ("pre-gelu-learned", "float32")],
+)
+@pytest.mark.parametrize("kind", KINDS)
+def test_cached_and_uncached_steppers_give_the_same_logits(backend, kind, norm, dtype):
+    """Step by step, fed the same tokens: the argmax, a reordering of the rows (as beam search
+    does), and a padding token, which both must hide from later queries."""
+    config = as_kind(VARIANTS[norm], kind)
+    model = build(backend, config, dtype)
+    cached, uncached = backend.impl.make_stepper(model), backend.impl.make_stepper(model, cached=False)
+    src = sources(config)
+    cached_state, uncached_state = cached.start(src), uncached.start(src)
+    tokens = np.full(3, BOS)
+    for position in range(4):
+        cached_logits, cached_state = cached.step(cached_state, tokens, position)  # (3, V)
+        uncached_logits, uncached_state = uncached.step(uncached_state, tokens, position)
+        assert cached_logits.shape == (3, config.tgt_vocab_size) and cached_logits.dtype == dtype
+        assert_close(cached_logits, uncached_logits, dtype, f"cached vs uncached logits at step {position}")
+        tokens = uncached_logits.argmax(axis=-1)  # (3,)
+        if position == 1:
+            rows = np.array([2, 0, 0])  # drop row 1, duplicate row 0, move row 2 first
+            cached_state, uncached_state = cached.reorder(cached_state, rows), uncached.reorder(uncached_state, rows)
+            tokens = tokens[rows]
+        if position == 2:
+            tokens[1] = config.pad_id
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_cached_and_uncached_greedy_decoding_give_the_same_tokens(backend, kind, norm):
+    config = as_kind(VARIANTS[norm], kind)
+    model, src = build(backend, config), sources(config)
+    cached = backend.impl.greedy(model, src, BOS, EOS, STEPS)
+    uncached = backend.impl.greedy(model, src, BOS, EOS, STEPS, cached=False)
+    assert cached.tolist() == uncached.tolist()
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_backends_decode_the_same_tokens_as_the_numpy_reference(backend, reference, kind, norm):
+    """Same weights, float64: the same greedy tokens, the same beams, scores to 1e-9."""
+    config = as_kind(VARIANTS[norm], kind)
+    model, want_model, src = build(backend, config), build(reference, config), sources(config)
+    greedy = backend.impl.greedy(model, src, BOS, EOS, STEPS)
+    assert greedy.tolist() == reference.impl.greedy(want_model, src, BOS, EOS, STEPS).tolist()
+    got = backend.impl.beam(model, src, BOS, EOS, STEPS, beam_size=BEAM, length_penalty=0.6)
+    want = reference.impl.beam(want_model, src, BOS, EOS, STEPS, beam_size=BEAM, length_penalty=0.6)
+    assert got.ids.tolist() == want.ids.tolist()
+    error = float(np.max(np.abs(got.scores - want.scores) / np.abs(want.scores)))
+    assert error <= SCORE_TOLERANCE, f"beam scores differ from NumPy's by {error:.2e} (relative)"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_beam_search_with_one_beam_is_greedy_search(backend, kind):
+    config = as_kind(VARIANTS["pre-gelu-learned"], kind)
+    model, src = build(backend, config), sources(config)
+    greedy = backend.impl.greedy(model, src, BOS, EOS, STEPS)
+    beam = backend.impl.beam(model, src, BOS, EOS, STEPS, beam_size=1).ids
+    assert any(EOS in row for row in greedy.tolist())  # some rows end early: <eos> handling is exercised
+    for row in range(len(src)):
+        expected = up_to_eos(greedy[row])
+        assert beam[row, : len(expected)].tolist() == expected
+
+
+def test_a_language_model_decodes_from_bos_after_an_empty_prompt(backend):
+    """Prompt of length 0: the model reads <bos>, then its own tokens; each one is the argmax of
+    the model's ordinary forward pass over the sequence before it."""
+    config = as_kind(VARIANTS["pre-gelu-learned"], "decoder_only")
+    model = build(backend, config)
+    out = backend.impl.greedy(model, np.zeros((3, 0), np.int64), BOS, EOS, STEPS)
+    assert out.shape[0] == 3 and out[:, 0].tolist() == [BOS] * 3
+    logits = backend.call(model, out[:, :-1]).logits  # (3, T - 1, V)
+    for row in range(3):
+        generated = up_to_eos(out[row])[1:]
+        assert logits[row, : len(generated)].argmax(axis=-1).tolist() == generated
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "uncached"])
+def test_decoding_past_max_len_is_refused(backend, cached):
+    config = as_kind(VARIANTS["pre-gelu-learned"], "decoder_only").replace(max_len=8)
+    model = build(backend, config)
+    with pytest.raises(ValueError, match="max_len is 8"):
+        never = config.tgt_vocab_size  # an <eos> no model emits: decoding runs on to position 5 + 5 > 8
+        backend.impl.greedy(model, sources(config), BOS, never, max_len=STEPS, cached=cached)

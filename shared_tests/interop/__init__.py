@@ -1,0 +1,1 @@
+"""Other formats' weights: the converters (torch, Hugging Face) and the weights files."""
