@@ -443,15 +443,17 @@ PAGES: tuple[Page, ...] = (
             "compiles from outside the model, as Flax's own examples do: `compiled(model)` checks the inputs "
             "eagerly, then runs the whole forward pass as one `jax.jit` program (`_run`); the module is a pytree "
             "whose arrays are traced and whose config is static. In NumPy and torch `compiled(model)` is the model "
-            "itself, so one caller serves every backend. Every model checks its inputs once, at its entry "
-            "(`check_inputs`); the submodules it calls trust them. There it reads lists, tuples and other "
-            "frameworks' arrays as `np.asarray` does (`readable`), checks them, and returns them as its own "
-            "arrays (`to_backend`, `token_ids`, `attention_mask`): ids of every integer dtype, refused when "
-            "ragged. A component used on its own checks that its float inputs share its weights' dtype "
+            "itself, so one caller serves every backend. Every model checks its inputs in the first line of "
+            "its forward (`check_inputs`), which reads lists, tuples and other frameworks' arrays as "
+            "`np.asarray` does (`readable`), checks them, and returns them as its own arrays (`to_backend`, "
+            "`token_ids`, `attention_mask`): ids of every integer dtype, refused when ragged. Each component "
+            "checks its own inputs' shapes and dtypes in the first line of its forward, so that one used on "
+            "its own refuses bad input with the same message: its float inputs must share its weights' dtype "
             "(`check_float_inputs`, `weights_dtype`).",
         ),
         code=(
-            "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel, _run, compiled",
+            "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel",
+            "compiled.py: _run, compiled",
             "validate.py: readable, to_backend, token_ids, attention_mask, check_float_inputs, weights_dtype",
         ),
         tests=("*test_models.py::*",),

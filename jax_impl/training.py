@@ -16,9 +16,9 @@ from jax import Array
 
 from transformer_run.batches import split_batch
 
+from .compiled import compiled
 from .loss import cross_entropy
 from .mixed_precision import mixed_precision_loss_and_grads
-from .model import compiled
 from .params import to_params
 
 

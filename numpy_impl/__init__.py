@@ -16,6 +16,7 @@ from .attention import (
     repeat_kv,
     scaled_dot_product_attention,
 )
+from .compiled import compiled
 from .data_parallel import data_parallel_loss_and_grads, data_parallel_train
 from .decoder import Decoder, DecoderLayer
 from .embeddings import Embeddings, TokenEmbedding
@@ -42,7 +43,7 @@ from .masks import (
     make_padding_mask,
     make_target_mask,
 )
-from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM, compiled
+from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM
 from .optim import Adam
 from .params import build_model, from_params, load_model, to_params
 from .positional import (

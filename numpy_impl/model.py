@@ -281,12 +281,3 @@ MODEL_CLASSES = {
     "decoder_only": TransformerLM,
     "encoder_only": TransformerEncoderModel,
 }
-
-
-def compiled(model):
-    """The callable that runs ``model`` fast in this backend, with the model's arguments.
-
-    NumPy compiles nothing: the model runs as it is, op by op (jax_impl's ``compiled``
-    applies ``jax.jit`` from outside the model; this is the same entry point, so that one
-    caller serves every backend)."""
-    return model
