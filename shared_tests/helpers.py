@@ -20,10 +20,10 @@ from . import tolerances
 from .cases import token_ids
 from .tolerances import assert_matches_finite_differences
 
+# ------------------------------------------------------------------ finite-difference helpers
 STEP = 1e-6  # float64 central differences: truncation ~STEP^2, rounding ~1e-16 |f| / STEP
 
 
-# ------------------------------------------------------------------ finite-difference helpers
 def central_difference(loss, array: np.ndarray, index: tuple) -> float:
     """d loss / d array[index], by perturbing that one entry in place (and restoring it)."""
     original = array[index]
@@ -101,6 +101,7 @@ def check_model_against_finite_differences(reference, config: Config, batch: dic
     check_finite_differences(f"{config.kind} model", loss, arrays, grads, full_up_to=0, samples=2)
 
 
+# ------------------------------------------------------------------ a component in a backend and in the reference
 def run_component(backend, reference, class_name, config, dtype, *args, component=None, **kwargs):
     """Build ``class_name`` from the same seeded weights in ``backend`` (at ``dtype``) and in the
     float64 reference; call both on the same inputs; return (got, want) as NumPy."""
@@ -113,6 +114,7 @@ def run_component(backend, reference, class_name, config, dtype, *args, componen
     return got, want
 
 
+# ------------------------------------------------------------------ batches
 def padded_batch(config: Config) -> dict[str, np.ndarray]:
     """8 rows, 8 positions, right-padded to lengths 8 8 7 5 3 2 2 1: uneven pad counts per shard."""
     rng = np.random.default_rng(0)
@@ -122,6 +124,7 @@ def padded_batch(config: Config) -> dict[str, np.ndarray]:
     return {"ids": ids[:, :-1], "targets": ids[:, 1:]}
 
 
+# ------------------------------------------------------------------ the command line
 def one_line_error(capsys, argv: list[str], *words: str) -> str:
     """Run ``transformer-ref argv``: it must exit with status 2 and print one line naming ``words``."""
     from transformer_cli.main import main

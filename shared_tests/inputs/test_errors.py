@@ -2,7 +2,9 @@
 
 Each case is a function of a backend that makes one bad call; the test runs it in the
 backend and in the NumPy reference and demands the same type and the same message, and
-that the message names what was expected and what came.
+that the message names what was expected and what came. The test_random_... tests draw bad
+model and component inputs at random (hypothesis, helpers.py's strategies): where the reference
+refuses one, the backend refuses it with the same message; where it accepts it, the same numbers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Whole models, every output field, in every backend and dtype, against the NumPy float64 reference."""
+"""Whole models, every output field, in every backend and dtype, against the NumPy float64 reference;
+models drawn at random by hypothesis (helpers.py's strategies), at their real positions; and the
+properties every model must have, checked in each backend on its own outputs (causality, padding,
+permutation equivariance without positions)."""
 
 from __future__ import annotations
 

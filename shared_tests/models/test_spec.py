@@ -1,4 +1,5 @@
-"""transformer_spec alone (no backend): config validation, schema, init, safetensors I/O."""
+"""transformer_spec alone (no backend): config validation (hand-picked, and drawn at random by
+hypothesis), schema, init, safetensors I/O."""
 
 from __future__ import annotations
 
