@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
-from flax import nnx
+from flax.nnx import Module
 from jax import Array
 
 from transformer_spec import Config
@@ -13,58 +13,62 @@ from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
 from .layer_norm import make_norm
-from .layers import Dropout
+from .layers import Dropout, parameter
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .validate import token_ids
 
 
-class TokenEmbedding(nnx.Module):
+class TokenEmbedding(Module):
     """A (vocab, d_model) lookup table, optionally scaled by sqrt(d_model).
 
     The paper multiplies by sqrt(d_model) (section 3.4) so that embeddings drawn with
     std d_model**-0.5 are not drowned by the unit-amplitude positional sinusoids.
 
-    Not ``nnx.Embed``: its table is called ``embedding`` (ours keeps the canonical
+    Not Flax's ``nnx.Embed``: its table is called ``embedding`` (ours keeps the canonical
     ``weight``) and its lookup clamps out-of-range ids to the last row.
     """
 
     def __init__(self, vocab_size: int, d_model: int, scale: bool, dtype: str = "float32"):
-        self.weight = nnx.Param(jnp.zeros((vocab_size, d_model), dtype))  # (vocab, d_model)
+        super().__init__()
+        self.weight = parameter((vocab_size, d_model), dtype)
         self.scale = math.sqrt(d_model) if scale else 1.0  # a Python float: keeps the dtype
 
     def __call__(self, ids: Array) -> Array:
-        # JAX never raises on an out-of-range index: plain ``weight[ids]`` clamps (a bad id
-        # silently reads the last row) and ``jnp.take`` wraps negative ids around, as
-        # NumPy does. The ids are validated eagerly, but inside a trace their values are
-        # unknown; there, "fill" makes any id outside [0, vocab) a row of NaN: loud, not
-        # silently wrong. (``wrap_negative_indices=False`` is why this is ``.at[].get``
-        # rather than ``jnp.take(..., mode="fill")``, which would still wrap -1 to the end.)
-        # (B, T, d_model), NaN rows for ids outside the table; differs: jax-index-fill
-        rows = self.weight[...].at[ids].get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
-        return rows * self.scale  # (B, T) -> (B, T, d_model)
+        # JAX never raises on an out-of-range index: plain weight[ids] clamps (a bad id silently
+        # reads the last row) and jnp.take wraps negative ids around, as NumPy does. The ids are
+        # checked eagerly, but inside a trace their values are unknown: there "fill" makes an id
+        # outside [0, vocab) a row of NaN, loud, not silently wrong. (.at[].get rather than
+        # jnp.take(mode="fill") for wrap_negative_indices=False: take would still wrap -1.)
+        # (B, T) -> (B, T, d_model), NaN rows for ids outside the table; differs: jax-index-fill
+        rows = self.weight[...].at[ids].get(
+            mode="fill", fill_value=jnp.nan, wrap_negative_indices=False
+        )
+        return rows * self.scale  # (B, T, d_model)
 
 
-class Embeddings(nnx.Module):
+class Embeddings(Module):
     """ids -> token embedding + positional encoding (+ token type) (-> LayerNorm)."""
 
     schema = "embeddings"
 
     def __init__(self, config: Config, dtype: str = "float32", vocab_size: int | None = None):
+        super().__init__()
         self.config = config
         if vocab_size is None:
             vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
         self.vocab_size = vocab_size
         self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
-        # Assigned once, not "None, then maybe a module" as in NumPy: Flax NNX marks an
-        # attribute first set to None as static and refuses to store a module in it later.
+        # "rotary": in the attention; "none": a bag of words (permutation-equivariant)
         if config.positional == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(config, dtype)
         elif config.positional == "learned":
             self.position = LearnedPositionalEmbedding(config, dtype)
-        else:  # differs: nnx-static-none
-            self.position = None  # "rotary": in the attention; "none": a bag of words (permutation-equivariant)
+        else:  # differs: nnx-static-none (NNX makes an attribute first set to None static)
+            self.position = None
         self.token_type = (
-            TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
+            TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype)
+            if config.type_vocab_size
+            else None
         )
         self.norm = make_norm(config, dtype) if config.embedding_norm else None
         self.dropout = Dropout(config.dropout)
@@ -83,7 +87,8 @@ class Embeddings(nnx.Module):
             if token_type_ids is None:
                 token_type_ids = jnp.zeros_like(ids)  # (B, T)
             type_vocab = self.config.type_vocab_size
-            token_type_ids = token_ids("token_type_ids", token_type_ids, type_vocab, None, self)  # (B, T)
+            # (B, T)
+            token_type_ids = token_ids("token_type_ids", token_type_ids, type_vocab, None, self)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
             token_type = self.token_type(token_type_ids)  # (B, T, d_model)
             record(self, token_type=token_type)

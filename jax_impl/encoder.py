@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flax import nnx
+from flax.nnx import Module
 from jax import Array
 
 from transformer_spec import Config
@@ -17,12 +18,13 @@ from .sublayer import sublayer_connection
 from .validate import check_float_inputs
 
 
-class EncoderLayer(nnx.Module):
+class EncoderLayer(Module):
     """Self-attention, then feed-forward, each wrapped in a residual connection."""
 
     schema = "encoder_layer"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
         self.self_attn = MultiHeadAttention(config, dtype)
         self.self_attn_norm = make_norm(config, dtype)
@@ -53,19 +55,18 @@ class EncoderLayer(nnx.Module):
         return x, weights
 
 
-class Encoder(nnx.Module):
-    """N identical layers (each with its own weights), then an optional final LayerNorm.
-
-    The layers sit in an ``nnx.List`` (Flax NNX only finds parameters in its own
-    containers). Under jit the Python loop is unrolled: N copies of the layer in the
-    compiled graph (``nnx.scan`` over stacked weights would compile one).
-    """
+class Encoder(Module):
+    """N identical layers (each with its own weights), then an optional final LayerNorm."""
 
     schema = "encoder"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
-        self.layers = nnx.List([EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)])
+        layers = [EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)]
+        # JAX: an nnx.List, since Flax NNX finds parameters only in its own containers; under jit
+        # the loop over it is unrolled: N copies of the layer (nnx.scan over stacked weights: one)
+        self.layers = nnx.List(layers)
         self.norm = make_norm(config, dtype) if config.encoder_final_norm else None
 
     def __call__(
@@ -75,13 +76,15 @@ class Encoder(nnx.Module):
         need_weights: bool = False,
         need_hidden_states: bool = False,
     ) -> tuple[Array, tuple[Array, ...], tuple[Array, ...]]:
-        """-> (output (B, T, d_model), hidden states (input + each layer's output), weights per layer)."""
+        """-> (output (B, T, d_model), hidden states (input + each layer's output),
+        weights per layer)."""
         hidden_states, attentions = [x], []
         for layer in self.layers:
             x, weights = layer(x, mask, need_weights)  # (B, T, d_model), (B, H, T, T) or None
-            if need_hidden_states:  # else each layer's output is freed once the next layer has used it
+            if need_hidden_states:  # else each output is freed once the next layer has used it
                 hidden_states.append(x)
             attentions.append(weights)
         if self.norm is not None:
             x = self.norm(x)  # (B, T, d_model)
-        return x, (tuple(hidden_states) if need_hidden_states else ()), (tuple(attentions) if need_weights else ())
+        hidden_states = tuple(hidden_states) if need_hidden_states else ()
+        return x, hidden_states, (tuple(attentions) if need_weights else ())

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax.nnx import Module
 from jax import Array
+from jax.nn import sigmoid
 from jax.scipy.special import erf
 
 from transformer_spec import Config
@@ -20,47 +20,49 @@ from .validate import check_float_inputs
 
 
 def relu(x: Array) -> Array:
-    # Not ``jnp.maximum(x, 0.0)``: JAX splits the gradient of a tie evenly, 0.5 at
-    # exactly 0, where ``jax.nn.relu`` and torch define it as 0 (as this ``where`` does).
-    return jnp.where(x > 0, x, 0.0)  # (...)
+    # where, not maximum(x, 0.0): JAX splits the gradient of a tie evenly (0.5 at exactly 0);
+    # torch and jax.nn.relu define it as 0 there, as this where does
+    return jnp.where(x > 0, x, 0.0)  # (...,)
 
 
 @fusable("gelu")  # speed: a fused kernel may run instead (kernels.py)
 def gelu(x: Array) -> Array:
-    """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu").
-
-    Not ``jax.nn.gelu(x)``: its default is ``approximate=True``, the tanh formula below.
-    """
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))  # (...)
+    """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu"). Not ``jax.nn.gelu(x)``:
+    its default is ``approximate=True``, the tanh formula below."""
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))  # (...,)
 
 
 def gelu_tanh(x: Array) -> Array:
-    """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact one."""
-    return 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # (...)
+    """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact
+    one."""
+    return 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # (...,)
 
 
 def silu(x: Array) -> Array:
-    """SiLU (swish), x * sigmoid(x): the gate of Llama's SwiGLU (torch ``F.silu``, ``jax.nn.silu``)."""
-    return x * jax.nn.sigmoid(x)  # (...,): jax.nn.sigmoid = 1 / (1 + exp(-x)), without overflow for large -x
+    """SiLU (swish), x * sigmoid(x): the gate of Llama's SwiGLU (torch ``F.silu``,
+    ``jax.nn.silu``)."""
+    return x * sigmoid(x)  # (...,): sigmoid(x) = 1 / (1 + exp(-x)), without overflow for large -x
 
 
 ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
 
 
-class PositionwiseFeedForward(nnx.Module):
+class PositionwiseFeedForward(Module):
     """FFN(x) = act(x W_1 + b_1) W_2 + b_2, the same two matrices at every position."""
 
     schema = "feed_forward"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
         self.w_1 = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
         self.w_2 = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
-        self.activation = ACTIVATIONS[config.activation]  # a plain function: a static attribute to NNX
+        self.activation = ACTIVATIONS[config.activation]  # a plain function (NNX: static)
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: Array) -> None:
-        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take
+        the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
@@ -75,8 +77,9 @@ class PositionwiseFeedForward(nnx.Module):
         return output
 
 
-class GatedFeedForward(nnx.Module):
-    """FFN(x) = (act(x W_gate) * (x W_up)) W_down (Shazeer, 2020, "GLU Variants Improve Transformer").
+class GatedFeedForward(Module):
+    """FFN(x) = (act(x W_gate) * (x W_up)) W_down (Shazeer, 2020, "GLU Variants Improve
+    Transformer").
 
     Two projections up to d_ff instead of one: the activated "gate" multiplies the plain "up"
     projection feature by feature, then W_down returns to d_model. SwiGLU (Llama, SmolLM2)
@@ -87,15 +90,17 @@ class GatedFeedForward(nnx.Module):
     schema = "gated_feed_forward"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
         self.w_gate = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
         self.w_up = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
         self.w_down = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
-        self.activation = ACTIVATIONS[config.activation]  # a plain function: a static attribute to NNX
+        self.activation = ACTIVATIONS[config.activation]  # a plain function (NNX: static)
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: Array) -> None:
-        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take
+        the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
@@ -111,6 +116,10 @@ class GatedFeedForward(nnx.Module):
         return output
 
 
-def make_feed_forward(config: Config, dtype: str = "float32") -> PositionwiseFeedForward | GatedFeedForward:
+def make_feed_forward(
+    config: Config, dtype: str = "float32"
+) -> PositionwiseFeedForward | GatedFeedForward:
     """The feed-forward network ``config.gated_ffn`` names: gated (SwiGLU, GeGLU) or the paper's."""
-    return GatedFeedForward(config, dtype) if config.gated_ffn else PositionwiseFeedForward(config, dtype)
+    if config.gated_ffn:
+        return GatedFeedForward(config, dtype)
+    return PositionwiseFeedForward(config, dtype)

@@ -1,11 +1,10 @@
-"""The linear layer: Flax's ``nnx.Linear``, set up to compute exactly ``x @ weight + bias``.
+"""The two layers every framework brings and NumPy lacks: a linear layer and dropout.
 
-(NumPy lacks a linear layer and numpy_impl writes its own; PyTorch has ``nn.Linear``.
-See ``transformer_spec.schema`` for how their layouts map onto ours.)
-
-Flax stores the matrix as ``kernel`` with shape [in, out] -- the same layout as our
-canonical ``weight`` (torch's ``weight`` is [out, in]) -- so nothing is transposed:
-``params.py`` only renames the canonical leaf ``...weight`` of a Linear to ``kernel``.
+torch has ``nn.Linear`` and ``F.dropout``, Flax ``nnx.Linear`` and ``nnx.Dropout``;
+numpy_impl writes both (and its ``module.py`` the rest of what NumPy lacks: the module base
+class and the switch that keeps values for the hand-written backward). Each backend builds
+them here under the same names; ``transformer_spec.schema`` says how their layouts map onto
+ours, and each backend's ``params.py`` does the mapping.
 """
 
 from __future__ import annotations
@@ -13,68 +12,76 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx import Module
 from jax import Array
 
 
 def Linear(d_in: int, d_out: int, bias: bool = True, dtype: str = "float32") -> nnx.Linear:
-    """``x @ weight + bias`` with ``weight`` (Flax: ``kernel``) stored [in, out], as in the paper's equations.
+    """``x @ weight + bias`` with ``weight`` stored [in, out], as in the paper's equations.
 
-    A factory, not a class: it returns a plain ``nnx.Linear``. Differences from a bare
-    ``nnx.Linear(d_in, d_out, rngs=...)``, all deliberate:
-
-    * ``dtype``/``param_dtype``: the weights *and* the computation in one dtype. Flax
-      casts the input to ``dtype`` (NumPy would instead promote float32 weights and a
-      float64 input to float64).
-    * ``kernel_init=zeros``: the weights are always overwritten by ``from_params``; the
-      ``rngs`` Flax insists on are a fixed dummy.
+    torch's ``nn.Linear`` stores ``weight`` [out, in], the transpose, and computes
+    ``x @ weight.T + bias`` (``params.py`` transposes on the way in and out). Flax's
+    ``nnx.Linear`` calls it ``kernel`` and stores it [in, out], our layout, so nothing is
+    transposed: ``params.py`` only renames the canonical leaf ``...weight`` to ``kernel``.
     """
-    return nnx.Linear(
-        d_in,
-        d_out,
-        use_bias=bias,
-        dtype=dtype,
-        param_dtype=dtype,
-        kernel_init=nnx.initializers.zeros,
-        rngs=nnx.Rngs(0),
-    )
+    # JAX: a factory returning a plain nnx.Linear that computes exactly x @ weight + bias: dtype
+    # and param_dtype put the weights *and* the computation in one dtype (Flax casts the input
+    # to dtype, where NumPy would promote float32 weights and a float64 input to float64);
+    # kernel_init=zeros, as from_params always overwrites the weights (rngs: a fixed dummy).
+    return nnx.Linear(  # differs: framework-layers
+        d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=dtype,
+        kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0),
+    )  # fmt: skip
 
 
-class Dropout(nnx.Module):
+def parameter(shape: tuple[int, ...], dtype: str = "float32", value: float = 0.0) -> nnx.Param:
+    """A trained array of ``shape`` in ``dtype``, every entry ``value`` until the weights are
+    loaded (``from_params``)."""
+    return nnx.Param(jnp.full(shape, value, dtype=dtype))  # (...), shape
+
+
+class Dropout(Module):
     """In training mode, zero each element with probability ``rate`` and scale the rest by
-    1 / (1 - rate) ("inverted dropout"); in inference mode: the identity.
+    1 / (1 - rate), so that the expected value is unchanged and inference needs no
+    rescaling ("inverted dropout"); in inference mode (``model.eval()``): the identity.
 
-    NNX's ``model.train()`` and ``model.eval()`` set ``deterministic`` on every module that
-    has it (as on ``nnx.Dropout``). The mask comes from ``self.rngs``, an ``nnx.RngStream``:
-    a key and a counter that advances on each call. The counter is state that NNX must
-    carry out of a compiled function: under ``nnx.jit`` it does; under plain ``jax.jit``
-    the update is lost and every call would draw the same mask (the model's ``__call__``
-    switches to ``nnx.jit`` while dropout is active for that reason).
-    ``seed_dropout`` gives every Dropout of a model its own stream, forked from one seed.
+    The masks: NumPy draws them from ``self.rng``, a Generator, and JAX from ``self.rngs``,
+    an ``nnx.RngStream`` (a key and a counter that advances on each call); ``seed_dropout``
+    gives every Dropout of a model its own, all derived from one seed. torch's ``F.dropout``
+    draws from torch's one global generator, which ``seed_dropout`` seeds.
     """
 
     def __init__(self, rate: float):
+        super().__init__()
         self.rate = rate
-        # differs: framework-layers
-        self.deterministic = False  # as a new nnx.Dropout: training mode
+        # JAX: NNX's model.train() and model.eval() set deterministic on every module that has
+        # it (as on nnx.Dropout); False, training mode, as a new nnx.Dropout
+        self.deterministic = False  # differs: framework-layers
         self.rngs = nnx.Rngs(dropout=0).dropout  # replaced by seed_dropout
 
     def __call__(self, x: Array) -> Array:
         if self.deterministic or self.rate == 0:
             return x
-        keep = jax.random.bernoulli(self.rngs(), 1.0 - self.rate, x.shape)  # (...,) like x: True w.p. 1 - rate
+        # JAX: the stream's counter is state that NNX must carry out of a compiled function:
+        # nnx.jit does; under plain jax.jit the update is lost and every call would draw the same
+        # mask (the model's __call__ switches to nnx.jit while dropout is active for that reason)
+        keep = jax.random.bernoulli(self.rngs(), 1.0 - self.rate, x.shape)  # (...,) like x
         return jnp.where(keep, x / (1.0 - self.rate), 0.0).astype(x.dtype)  # (...,) like x
 
 
-def seed_dropout(model: nnx.Module, seed: int) -> None:
-    """Give every Dropout in ``model`` its own random stream, all forked from ``seed``: the
-    same seed gives the same masks, and no two layers share a mask."""
+def seed_dropout(model: Module, seed: int) -> None:
+    """Make the next dropout masks reproducible: the same seed gives the same masks, and no
+    two layers share a mask. NumPy and JAX give every Dropout in ``model`` its own generator
+    (random stream), all spawned (forked) from ``seed``; torch seeds its one global generator,
+    from which it draws them all."""
     root = nnx.Rngs(dropout=seed).dropout
     for _, module in nnx.iter_graph(model):
         if isinstance(module, Dropout):
             module.rngs = root.fork()
 
 
-def dropout_active(model: nnx.Module) -> bool:  # differs: jax-jit
+# differs: jax-jit
+def dropout_active(model: Module) -> bool:
     """Whether a call of ``model`` draws dropout masks (and so changes its random state)."""
     return any(
         isinstance(module, Dropout) and not module.deterministic and module.rate > 0

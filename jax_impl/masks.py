@@ -1,4 +1,8 @@
-"""Masks: boolean, True = may attend, shaped to broadcast against (B, H, T_q, T_k)."""
+"""Masks: boolean, True = may attend, shaped to broadcast against (B, H, T_q, T_k).
+
+Careful: ``torch.nn.MultiheadAttention`` and ``nn.Transformer`` read True as *masked*;
+``F.scaled_dot_product_attention``, Flax and these backends read True as *may attend*.
+"""
 
 from __future__ import annotations
 
@@ -12,25 +16,27 @@ def make_padding_mask(ids: Array, pad_id: int) -> Array:
 
 
 def make_causal_mask(seq_len: int) -> Array:
-    """(1, 1, T, T), lower triangular: position i may look at positions 0..i only.
-
-    ``seq_len`` is a Python int (a shape), so this works unchanged inside ``jax.jit``.
-    """
-    return jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))[None, None, :, :]  # (1, 1, T, T)
+    """(1, 1, T, T), lower triangular: position i may look at positions 0..i only."""
+    # JAX: seq_len is a Python int (a shape), so this works unchanged inside jax.jit
+    mask = jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))  # (T, T)
+    return mask[None, None, :, :]  # (1, 1, T, T)
 
 
 def make_decoder_mask(ids: Array, pad_id: int) -> Array:
     """Decoder self-attention: causal AND key not padding -> (B, 1, T, T)."""
-    return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1])  # (B, 1, 1, T) & (1, 1, T, T)
+    causal = make_causal_mask(ids.shape[1])  # (1, 1, T, T)
+    return make_padding_mask(ids, pad_id) & causal  # (B, 1, T, T)
 
 
-def make_target_mask(tgt_ids, pad_id: int):
+def make_target_mask(tgt_ids: Array, pad_id: int) -> Array:
     """The encoder-decoder's decoder self-attention -> (B, 1, T, T): ``make_decoder_mask``, except
     that position 0, the decoder's start token, is never hidden, even where a model spells it
     ``pad_id`` (Marian and BART start decoding from their pad token)."""
-    is_start = jnp.arange(tgt_ids.shape[1]) == 0  # (T,)
+    seq_len = tgt_ids.shape[1]
+    is_start = jnp.arange(seq_len) == 0  # (T,)
     keep = (tgt_ids != pad_id) | is_start  # (B, T)
-    return keep[:, None, None, :] & make_causal_mask(tgt_ids.shape[1])  # (B, 1, T, T)
+    causal = make_causal_mask(seq_len)  # (1, 1, T, T)
+    return keep[:, None, None, :] & causal  # (B, 1, T, T)
 
 
 def make_cross_attention_mask(src_ids: Array, pad_id: int) -> Array:

@@ -1,4 +1,5 @@
-"""Positional information: the paper's fixed sinusoids, a learned table, or rotary position embedding."""
+"""Positional information: the paper's fixed sinusoids, a learned table, or rotary position
+embedding."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.nnx import Module
 from jax import Array
 
 from transformer_spec import Config
 from transformer_spec.checks import check_rows
+
+from .layers import parameter
 
 
 class Buffer(nnx.Variable):
@@ -23,7 +27,9 @@ class Buffer(nnx.Variable):
     """
 
 
-def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved") -> Array:
+def sinusoidal_table(
+    max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved"
+) -> Array:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
 
     Written so that an odd d_model works: there are ceil(d/2) sine columns but only
@@ -31,10 +37,10 @@ def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout:
     ``layout="halves"`` puts the same columns in another order: every sine, then every
     cosine (Marian, fairseq): PE[pos, i] = sin(...), PE[pos, ceil(d/2) + i] = cos(...).
 
-    JAX difference: JAX has float64 only when ``jax_enable_x64`` is on. Computed in
-    float32, the rounding of the angle (up to pos * 2^-24 rad) would leave entries ~4e-6
-    off at max_len=64 and ~3e-5 at 512, so the table, a constant, is computed on the
-    host with NumPy in float64 (as the other backends do) and only then handed to JAX.
+    Computed in float64, then cast to ``dtype``: in float32 the rounding of the angle (up to
+    pos * 2^-24 rad) would leave entries ~4e-6 off at max_len=64 and ~3e-5 at 512. JAX has
+    float64 only when ``jax_enable_x64`` is on, so jax_impl computes the table, a constant, on
+    the host with NumPy (as the other backends compute it) and only then hands it to JAX.
     """
     position = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
     two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(d/2),)
@@ -50,42 +56,48 @@ def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout:
     return jnp.asarray(pe, dtype=dtype)  # (max_len, d_model); differs: jax-host-float64
 
 
-class SinusoidalPositionalEncoding(nnx.Module):
-    """A fixed table, not a parameter: nothing of it is saved in the weights."""
+class SinusoidalPositionalEncoding(Module):
+    """A fixed table, not a parameter: nothing of it is saved in the weights (torch: a
+    non-persistent buffer, which moves with ``.to(device)`` but is not in the state_dict)."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
-        pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)  # (max_len, d_model)
+        super().__init__()
+        pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)
         self.pe = Buffer(pe)  # (max_len, d_model)
 
     def __call__(self, seq_len: int, offset: int | Array = 0) -> Array:
         check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
-        return _rows(self.pe, seq_len, offset)  # (T, d_model); differs: jit-static-shapes
+        return _rows(self.pe, seq_len, offset)  # (T, d_model)
 
 
-class LearnedPositionalEmbedding(nnx.Module):
+class LearnedPositionalEmbedding(Module):
     """One trained vector per position (BERT, GPT)."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
-        self.weight = nnx.Param(jnp.zeros((config.max_len, config.d_model), dtype))  # (max_len, d_model)
+        super().__init__()
+        self.weight = parameter((config.max_len, config.d_model), dtype)
 
     def __call__(self, seq_len: int, offset: int | Array = 0) -> Array:
         check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
-        return _rows(self.weight, seq_len, offset)  # (T, d_model); differs: jit-static-shapes
+        return _rows(self.weight, seq_len, offset)  # (T, d_model)
 
 
-def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") -> tuple[Array, Array]:
+def rotary_tables(
+    max_len: int, d_k: int, theta: float, dtype: str = "float32"
+) -> tuple[Array, Array]:
     """-> cos, sin (max_len, d_k / 2) of the angles pos * theta^(-2i / d_k), i = 0 .. d_k/2 - 1.
 
     Pair i turns once every 2 pi theta^(2i/d_k) positions: the first pair fastest (one radian
     a position), the last slowest. Computed in float64, then cast (HF computes the angles in
-    float32: at position p they differ from these by about p * 6e-8 radians). As the
-    sinusoids, on the host with NumPy: float64 even without ``jax_enable_x64``.
+    float32: at position p they differ from these by about p * 6e-8 radians); in jax_impl, as
+    the sinusoids, on the host with NumPy: float64 even without ``jax_enable_x64``.
     """
     position = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
     inv_freq = theta ** (-np.arange(0, d_k, 2, dtype=np.float64) / d_k)  # (d_k / 2,)
     angle = position * inv_freq  # (max_len, d_k / 2)
-    # differs: jax-host-float64
-    return jnp.asarray(np.cos(angle), dtype=dtype), jnp.asarray(np.sin(angle), dtype=dtype)  # (max_len, d_k / 2)
+    cos, sin = np.cos(angle), np.sin(angle)  # (max_len, d_k / 2) each
+    # (max_len, d_k / 2) each; differs: jax-host-float64
+    return jnp.asarray(cos, dtype=dtype), jnp.asarray(sin, dtype=dtype)
 
 
 def rotate_pairs(x: Array, cos: Array, sin: Array, layout: str) -> Array:
@@ -96,24 +108,28 @@ def rotate_pairs(x: Array, cos: Array, sin: Array, layout: str) -> Array:
     if layout == "halves":
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]  # (..., T, d_k / 2) each
-        return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # (..., T, d_k)
+        halves = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]  # (..., T, d_k / 2) each
+        return jnp.concatenate(halves, axis=-1)  # (..., T, d_k)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d_k / 2) each
-    return jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(x.shape)  # (..., T, d_k)
+    pairs = jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # (..., T, d_k / 2, 2)
+    return pairs.reshape(x.shape)  # (..., T, d_k)
 
 
-class RotaryEmbedding(nnx.Module):
+class RotaryEmbedding(Module):
     """Rotary position embedding (Su et al., 2021, RoFormer): queries and keys, not embeddings.
 
     Each head's query and key at position m are rotated, pair of features by pair, by the
     angles m * theta^(-2i/d_k). A rotation by m then one by -n is one by m - n, so the score
     q_m . k_n depends on the two positions only through m - n: attention sees relative
     positions, and nothing is added to the token embeddings. A fixed function of the
-    positions, like the sinusoids: buffers, no weights.
+    positions, like the sinusoids: no weights (torch: non-persistent buffers).
     """
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.layout = config.rope_layout
-        cos, sin = rotary_tables(config.max_len, config.d_k, config.rope_theta, dtype)  # (max_len, d_k/2) each
+        # (max_len, d_k / 2) each
+        cos, sin = rotary_tables(config.max_len, config.d_k, config.rope_theta, dtype)
         self.cos = Buffer(cos)
         self.sin = Buffer(sin)
 
@@ -121,20 +137,18 @@ class RotaryEmbedding(nnx.Module):
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
         check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist
-        cos = _rows(self.cos, seq_len, offset)  # (T, d_k / 2); differs: jit-static-shapes
-        sin = _rows(self.sin, seq_len, offset)  # (T, d_k / 2); differs: jit-static-shapes
+        cos = _rows(self.cos, seq_len, offset)  # (T, d_k / 2)
+        sin = _rows(self.sin, seq_len, offset)  # (T, d_k / 2)
         return rotate_pairs(x, cos, sin, self.layout)  # (B, H, T, d_k)
 
 
-def _rows(table: nnx.Variable, seq_len: int, offset: int | Array) -> Array:  # differs: jit-static-shapes
-    """Rows offset .. offset + seq_len - 1 of a (max_len, d_model) table -> (T, d_model).
-
-    seq_len is a Python int (a shape). So is offset in a forward pass, and the slice is
-    static under jit. A cached decoding step (generate.py) passes a traced offset, so that
-    one compiled step serves every position: then the slice's start is known only at run
-    time, which ``dynamic_slice`` allows (it clamps a start past the end rather than raise:
-    the caller checks positions eagerly).
-    """
-    if isinstance(offset, int):
-        return table[offset : offset + seq_len]  # (T, d_model)
-    return jax.lax.dynamic_slice_in_dim(table[...], offset, seq_len, axis=0)  # (T, d_model)
+def _rows(table: Array, seq_len: int, offset: int | Array) -> Array:
+    """Rows offset .. offset + seq_len - 1 of a (max_len, d_model) table -> (T, d_model)."""
+    # JAX: seq_len is a Python int (a shape). So is offset in a forward pass, and the slice is
+    # static under jit. A cached decoding step (generate.py) passes a traced offset, so that one
+    # compiled step serves every position: then the slice's start is known only at run time,
+    # which dynamic_slice allows (it clamps a start past the end rather than raise: the caller
+    # checks positions eagerly).
+    if not isinstance(offset, int):  # differs: jit-static-shapes
+        return jax.lax.dynamic_slice_in_dim(table[...], offset, seq_len, axis=0)  # (T, d_model)
+    return table[offset : offset + seq_len]  # (T, d_model)

@@ -12,7 +12,7 @@ from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
 from .layer_norm import make_norm
-from .layers import Dropout
+from .layers import Dropout, parameter
 from .module import Module, with_prefix
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .validate import token_ids
@@ -23,23 +23,30 @@ class TokenEmbedding(Module):
 
     The paper multiplies by sqrt(d_model) (section 3.4) so that embeddings drawn with
     std d_model**-0.5 are not drowned by the unit-amplitude positional sinusoids.
+
+    Not Flax's ``nnx.Embed``: its table is called ``embedding`` (ours keeps the canonical
+    ``weight``) and its lookup clamps out-of-range ids to the last row.
     """
 
     def __init__(self, vocab_size: int, d_model: int, scale: bool, dtype: str = "float32"):
-        self.weight = np.zeros((vocab_size, d_model), dtype)
-        self.scale = math.sqrt(d_model) if scale else 1.0
+        super().__init__()
+        self.weight = parameter((vocab_size, d_model), dtype)
+        self.scale = math.sqrt(d_model) if scale else 1.0  # a Python float: keeps the dtype
 
     def __call__(self, ids: Array) -> Array:
         self.keep(ids=ids)  # differs: numpy-autograd
-        return self.weight[ids] * self.scale  # (B, T) -> (B, T, d_model)
+        rows = self.weight[ids]  # (B, T) -> (B, T, d_model)
+        return rows * self.scale  # (B, T, d_model)
 
     def backward(self, grad_output: Array) -> tuple[None, dict[str, Array]]:
-        """grad_output (B, T, d_model) -> {"weight": (vocab, d_model)}; the ids have no gradient."""
+        """grad_output (B, T, d_model) -> {"weight": (vocab, d_model)}; the ids have no
+        gradient."""
         ids = self.saved.ids  # (B, T)
         grad_weight = np.zeros_like(self.weight)  # (vocab, d_model): rows never looked up get 0
         # a lookup copies row ids[b, t] to position (b, t): a row used n times collects n
         # gradients (np.add.at accumulates repeated ids; ``grad_weight[ids] += ...`` would not)
-        np.add.at(grad_weight, ids, grad_output * self.scale)  # (B, T, d_model) into (vocab, d_model)
+        # (B, T, d_model) into (vocab, d_model)
+        np.add.at(grad_weight, ids, grad_output * self.scale)
         return None, {"weight": grad_weight}
 
 
@@ -49,23 +56,29 @@ class Embeddings(Module):
     schema = "embeddings"
 
     def __init__(self, config: Config, dtype: str = "float32", vocab_size: int | None = None):
+        super().__init__()
         self.config = config
         if vocab_size is None:
             vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
         self.vocab_size = vocab_size
         self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
-        self.position = None  # "rotary": in the attention; "none": a bag of words (permutation-equivariant)
+        # "rotary": in the attention; "none": a bag of words (permutation-equivariant)
+        self.position = None
         if config.positional == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(config, dtype)
         elif config.positional == "learned":
             self.position = LearnedPositionalEmbedding(config, dtype)
         self.token_type = (
-            TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
+            TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype)
+            if config.type_vocab_size
+            else None
         )
         self.norm = make_norm(config, dtype) if config.embedding_norm else None
         self.dropout = Dropout(config.dropout)
 
-    def __call__(self, ids: Array, token_type_ids: Array | None = None, offset: int = 0) -> Array:
+    def __call__(
+        self, ids: Array, token_type_ids: Array | None = None, offset: int = 0
+    ) -> Array:
         ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
         x = self.token(ids)  # (B, T, d_model)
         record(self, token=x)
@@ -77,7 +90,8 @@ class Embeddings(Module):
             if token_type_ids is None:
                 token_type_ids = np.zeros_like(ids)  # (B, T)
             type_vocab = self.config.type_vocab_size
-            token_type_ids = token_ids("token_type_ids", token_type_ids, type_vocab, None, self)  # (B, T)
+            # (B, T)
+            token_type_ids = token_ids("token_type_ids", token_type_ids, type_vocab, None, self)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
             token_type = self.token_type(token_type_ids)  # (B, T, d_model)
             record(self, token_type=token_type)
@@ -91,7 +105,8 @@ class Embeddings(Module):
         return x
 
     def backward(self, grad_output: Array) -> tuple[None, dict[str, Array]]:
-        """grad_output (B, T, d_model) -> grads of the tables (and the norm); ids have no gradient."""
+        """grad_output (B, T, d_model) -> grads of the tables (and the norm); ids have no
+        gradient."""
         grad_output, _ = self.dropout.backward(grad_output)  # (B, T, d_model)
         norm_grads = {}
         if self.norm is not None:

@@ -23,6 +23,7 @@ class EncoderLayer(Module):
     schema = "encoder_layer"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
         self.self_attn = MultiHeadAttention(config, dtype)
         self.self_attn_norm = make_norm(config, dtype)
@@ -53,7 +54,8 @@ class EncoderLayer(Module):
         return x, weights
 
     def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
-        """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads; the sub-layers in reverse order."""
+        """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads; the sub-layers in
+        reverse order."""
         norm_first = self.config.norm_first
         grad_x, ffn_norm_grads, ffn_grads = sublayer_connection_backward(
             grad_output, self.ffn.backward, self.ffn_norm, norm_first, self.ffn_dropout
@@ -80,8 +82,10 @@ class Encoder(Module):
     schema = "encoder"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
-        self.layers = [EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)]
+        layers = [EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)]
+        self.layers = layers
         self.norm = make_norm(config, dtype) if config.encoder_final_norm else None
 
     def __call__(
@@ -91,19 +95,22 @@ class Encoder(Module):
         need_weights: bool = False,
         need_hidden_states: bool = False,
     ) -> tuple[Array, tuple[Array, ...], tuple[Array, ...]]:
-        """-> (output (B, T, d_model), hidden states (input + each layer's output), weights per layer)."""
+        """-> (output (B, T, d_model), hidden states (input + each layer's output),
+        weights per layer)."""
         hidden_states, attentions = [x], []
         for layer in self.layers:
             x, weights = layer(x, mask, need_weights)  # (B, T, d_model), (B, H, T, T) or None
-            if need_hidden_states:  # else each layer's output is freed once the next layer has used it
+            if need_hidden_states:  # else each output is freed once the next layer has used it
                 hidden_states.append(x)
             attentions.append(weights)
         if self.norm is not None:
             x = self.norm(x)  # (B, T, d_model)
-        return x, (tuple(hidden_states) if need_hidden_states else ()), (tuple(attentions) if need_weights else ())
+        hidden_states = tuple(hidden_states) if need_hidden_states else ()
+        return x, hidden_states, (tuple(attentions) if need_weights else ())
 
     def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
-        """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads of every layer and the final norm."""
+        """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads of every layer and the
+        final norm."""
         grads = {}
         if self.norm is not None:
             grad_output, norm_grads = self.norm.backward(grad_output)  # (B, T, d_model)

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 from numpy import ndarray as Array
-from scipy.special import erf, expit
+from scipy.special import erf
+from scipy.special import expit as sigmoid
 
 from transformer_spec import Config
 from transformer_spec.checks import check_features
@@ -19,7 +20,9 @@ from .validate import check_float_inputs
 
 
 def relu(x: Array) -> Array:
-    return np.where(x > 0, x, 0.0)  # (...,): (written so that its gradient at exactly 0 is 0, as torch's)
+    # where, not maximum(x, 0.0): JAX splits the gradient of a tie evenly (0.5 at exactly 0);
+    # torch and jax.nn.relu define it as 0 there, as this where does
+    return np.where(x > 0, x, 0.0)  # (...,)
 
 
 def relu_backward(x: Array, grad_output: Array) -> Array:
@@ -29,7 +32,8 @@ def relu_backward(x: Array, grad_output: Array) -> Array:
 
 @fusable("gelu")  # speed: a fused kernel may run instead (kernels.py)
 def gelu(x: Array) -> Array:
-    """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu")."""
+    """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu"). Not ``jax.nn.gelu(x)``:
+    its default is ``approximate=True``, the tanh formula below."""
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))  # (...,)
 
 
@@ -41,7 +45,8 @@ def gelu_backward(x: Array, grad_output: Array) -> Array:
 
 
 def gelu_tanh(x: Array) -> Array:
-    """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact one."""
+    """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact
+    one."""
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # (...,)
 
 
@@ -54,14 +59,15 @@ def gelu_tanh_backward(x: Array, grad_output: Array) -> Array:
 
 
 def silu(x: Array) -> Array:
-    """SiLU (swish), x * sigmoid(x): the gate of Llama's SwiGLU (torch ``F.silu``, ``jax.nn.silu``)."""
-    return x * expit(x)  # (...,): expit(x) = 1 / (1 + exp(-x)), without overflow for large -x
+    """SiLU (swish), x * sigmoid(x): the gate of Llama's SwiGLU (torch ``F.silu``,
+    ``jax.nn.silu``)."""
+    return x * sigmoid(x)  # (...,): sigmoid(x) = 1 / (1 + exp(-x)), without overflow for large -x
 
 
 def silu_backward(x: Array, grad_output: Array) -> Array:
     """d/dx [x s(x)] = s(x) + x s(x) (1 - s(x)), with s the sigmoid."""
-    sigmoid = expit(x)  # (...,)
-    return grad_output * sigmoid * (1.0 + x * (1.0 - sigmoid))  # (...,)
+    s = sigmoid(x)  # (...,)
+    return grad_output * s * (1.0 + x * (1.0 - s))  # (...,)
 
 
 ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
@@ -79,14 +85,16 @@ class PositionwiseFeedForward(Module):
     schema = "feed_forward"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
         self.w_1 = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
         self.w_2 = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
-        self.activation = ACTIVATIONS[config.activation]
+        self.activation = ACTIVATIONS[config.activation]  # a plain function (NNX: static)
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: Array) -> None:
-        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take
+        the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
@@ -113,7 +121,8 @@ class PositionwiseFeedForward(Module):
 
 
 class GatedFeedForward(Module):
-    """FFN(x) = (act(x W_gate) * (x W_up)) W_down (Shazeer, 2020, "GLU Variants Improve Transformer").
+    """FFN(x) = (act(x W_gate) * (x W_up)) W_down (Shazeer, 2020, "GLU Variants Improve
+    Transformer").
 
     Two projections up to d_ff instead of one: the activated "gate" multiplies the plain "up"
     projection feature by feature, then W_down returns to d_model. SwiGLU (Llama, SmolLM2)
@@ -124,15 +133,17 @@ class GatedFeedForward(Module):
     schema = "gated_feed_forward"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
         self.w_gate = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
         self.w_up = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
         self.w_down = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
-        self.activation = ACTIVATIONS[config.activation]
+        self.activation = ACTIVATIONS[config.activation]  # a plain function (NNX: static)
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: Array) -> None:
-        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take
+        the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
@@ -149,7 +160,8 @@ class GatedFeedForward(Module):
         return output
 
     def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
-        """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads of w_gate, w_up and w_down."""
+        """grad_output (B, T, d_model) -> grad_x (B, T, d_model), grads of w_gate, w_up and
+        w_down."""
         gate, up = self.saved.gate, self.saved.up  # (B, T, d_ff) each
         grad_hidden, w_down_grads = self.w_down.backward(grad_output)  # (B, T, d_ff)
         grad_hidden, _ = self.dropout.backward(grad_hidden)  # (B, T, d_ff)
@@ -160,9 +172,14 @@ class GatedFeedForward(Module):
         grad_x_gate, w_gate_grads = self.w_gate.backward(grad_gate)  # (B, T, d_model)
         grad_x_up, w_up_grads = self.w_up.backward(grad_up)  # (B, T, d_model)
         grads = with_prefix("w_gate", w_gate_grads) | with_prefix("w_up", w_up_grads)
-        return grad_x_gate + grad_x_up, grads | with_prefix("w_down", w_down_grads)  # (B, T, d_model): x fed both
+        grads |= with_prefix("w_down", w_down_grads)
+        return grad_x_gate + grad_x_up, grads  # (B, T, d_model): x fed both
 
 
-def make_feed_forward(config: Config, dtype: str = "float32") -> PositionwiseFeedForward | GatedFeedForward:
+def make_feed_forward(
+    config: Config, dtype: str = "float32"
+) -> PositionwiseFeedForward | GatedFeedForward:
     """The feed-forward network ``config.gated_ffn`` names: gated (SwiGLU, GeGLU) or the paper's."""
-    return GatedFeedForward(config, dtype) if config.gated_ffn else PositionwiseFeedForward(config, dtype)
+    if config.gated_ffn:
+        return GatedFeedForward(config, dtype)
+    return PositionwiseFeedForward(config, dtype)

@@ -10,6 +10,7 @@ from transformer_spec.checks import check_features
 from transformer_spec.trace import record
 
 from .kernels import fusable
+from .layers import parameter
 from .module import Module
 from .validate import check_float_inputs
 
@@ -20,18 +21,26 @@ class LayerNorm(Module):
     The variance is the *biased* one (divide by d, not d - 1) and eps sits inside the
     square root: that is what torch, Flax and BERT compute. (A common hand-written
     version uses ``x.std()`` -- unbiased -- and adds eps to the std: close, not equal.)
+    torch's default eps is 1e-5, Flax's 1e-6, BERT's 1e-12: ours comes from the config.
+
+    Not Flax's ``nnx.LayerNorm``: its default ``use_fast_variance=True`` computes
+    var = E[x^2] - E[x]^2, which cancels catastrophically when the mean is large
+    compared with the spread, and it calls its parameters ``scale``/``bias``; ours keep
+    the canonical names.
     """
 
     schema = "layer_norm"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
-        self.eps = float(config.layer_norm_eps)
-        self.weight = np.ones((config.d_model,), dtype)
-        self.bias = np.zeros((config.d_model,), dtype) if config.bias else None
+        self.eps = float(config.layer_norm_eps)  # a Python float: it does not change x's dtype
+        self.weight = parameter((config.d_model,), dtype, value=1.0)
+        self.bias = parameter((config.d_model,), dtype) if config.bias else None
 
     def check_inputs(self, x: Array) -> None:
-        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take
+        the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
@@ -50,9 +59,11 @@ class LayerNorm(Module):
         return y
 
     def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
-        """grad_output (..., d_model) -> grad_x (..., d_model), {"weight": (d_model,), "bias": (d_model,)}."""
+        """grad_output (..., d_model) -> grad_x (..., d_model), {"weight": (d_model,),
+        "bias": (d_model,)}."""
         x_hat, std = self.saved.x_hat, self.saved.std  # (..., d_model), (..., 1)
-        leading = tuple(range(grad_output.ndim - 1))  # the axes the per-feature weight is shared over
+        # the axes the per-feature weight is shared over
+        leading = tuple(range(grad_output.ndim - 1))
         grads = {"weight": (grad_output * x_hat).sum(axis=leading)}  # (d_model,)
         if self.bias is not None:
             grads["bias"] = grad_output.sum(axis=leading)  # (d_model,)
@@ -61,7 +72,8 @@ class LayerNorm(Module):
         # Differentiating through both (d mean/dx = 1/d, d var/dx = 2 (x - mean)/d) gives
         # dx = (dx_hat - mean(dx_hat) - x_hat * mean(dx_hat * x_hat)) / std.
         mean_grad = grad_x_hat.mean(axis=-1, keepdims=True)  # (..., 1): through the mean
-        mean_grad_x_hat = (grad_x_hat * x_hat).mean(axis=-1, keepdims=True)  # (..., 1): through the variance
+        # (..., 1): through the variance
+        mean_grad_x_hat = (grad_x_hat * x_hat).mean(axis=-1, keepdims=True)
         grad_x = (grad_x_hat - mean_grad - x_hat * mean_grad_x_hat) / std  # (..., d_model)
         return grad_x, grads
 
@@ -72,17 +84,21 @@ class RMSNorm(Module):
     LayerNorm without the mean: the vector is rescaled to unit root-mean-square, not
     centred, and there is no bias. Cheaper, and as good in practice. eps sits inside the
     square root, as in LayerNorm (and HF's ``LlamaRMSNorm``, which computes it in float32).
+    Not Flax's ``nnx.RMSNorm``: its epsilon defaults to 1e-6 and its parameter is called
+    ``scale``.
     """
 
     schema = "rms_norm"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
-        self.eps = float(config.layer_norm_eps)
-        self.weight = np.ones((config.d_model,), dtype)
+        self.eps = float(config.layer_norm_eps)  # a Python float: it does not change x's dtype
+        self.weight = parameter((config.d_model,), dtype, value=1.0)
 
     def check_inputs(self, x: Array) -> None:
-        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take
+        the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
@@ -99,16 +115,19 @@ class RMSNorm(Module):
     def backward(self, grad_output: Array) -> tuple[Array, dict[str, Array]]:
         """grad_output (..., d_model) -> grad_x (..., d_model), {"weight": (d_model,)}."""
         x_hat, rms = self.saved.x_hat, self.saved.rms  # (..., d_model), (..., 1)
-        leading = tuple(range(grad_output.ndim - 1))  # the axes the per-feature weight is shared over
+        # the axes the per-feature weight is shared over
+        leading = tuple(range(grad_output.ndim - 1))
         grads = {"weight": (grad_output * x_hat).sum(axis=leading)}  # (d_model,)
         grad_x_hat = grad_output * self.weight  # (..., d_model)
         # x_hat = x / rms with d rms / dx = x / (d * rms) = x_hat / d: the LayerNorm formula
         # without the mean's term, dx = (dx_hat - x_hat * mean(dx_hat * x_hat)) / rms
-        mean_grad_x_hat = (grad_x_hat * x_hat).mean(axis=-1, keepdims=True)  # (..., 1): through the rms
+        # (..., 1): through the rms
+        mean_grad_x_hat = (grad_x_hat * x_hat).mean(axis=-1, keepdims=True)
         grad_x = (grad_x_hat - x_hat * mean_grad_x_hat) / rms  # (..., d_model)
         return grad_x, grads
 
 
 def make_norm(config: Config, dtype: str = "float32") -> LayerNorm | RMSNorm:
-    """The normalisation ``config.norm`` names: LayerNorm (the paper, BERT, GPT-2) or RMSNorm (Llama)."""
+    """The normalisation ``config.norm`` names: LayerNorm (the paper, BERT, GPT-2) or RMSNorm
+    (Llama)."""
     return RMSNorm(config, dtype) if config.norm == "rms_norm" else LayerNorm(config, dtype)

@@ -18,7 +18,8 @@ def sublayer_connection(
     norm_first: bool,
     dropout: Dropout | None = None,
 ) -> tuple[Array, Any]:
-    """Post-norm (the paper): LayerNorm(x + Dropout(sublayer(x))). Pre-norm: x + Dropout(sublayer(LayerNorm(x))).
+    """Post-norm (the paper): LayerNorm(x + Dropout(sublayer(x))).
+    Pre-norm: x + Dropout(sublayer(LayerNorm(x))).
 
     ``sublayer`` returns (output, extra), the extra being attention weights or None.
     Pre-norm keeps an un-normalised residual path from input to output, which trains
@@ -42,7 +43,8 @@ def sublayer_connection_backward(
     norm_first: bool,
     dropout: Dropout | None = None,
 ) -> tuple[Array, dict[str, Array], Any]:
-    """grad_output (B, T, d_model) -> (grad_x (B, T, d_model), the norm's grads, the sublayer's rest).
+    """grad_output (B, T, d_model) -> (grad_x (B, T, d_model), the norm's grads, the
+    sublayer's rest).
 
     Each module of the connection kept what its backward needs in its forward call.
     ``sublayer_backward(grad_y)`` -> (grad_h, rest): the gradient with respect to the
@@ -51,7 +53,8 @@ def sublayer_connection_backward(
     if norm_first:
         # output = x + dropout(sublayer(norm(x))): the residual hands grad_output to x
         # unchanged, and the sub-layer path adds its own part
-        grad_y = grad_output if dropout is None else dropout.backward(grad_output)[0]  # (B, T, d_model)
+        # (B, T, d_model)
+        grad_y = grad_output if dropout is None else dropout.backward(grad_output)[0]
         grad_h, rest = sublayer_backward(grad_y)  # (B, T, d_model)
         grad_x_through_norm, norm_grads = norm.backward(grad_h)  # (B, T, d_model)
         return grad_output + grad_x_through_norm, norm_grads, rest  # (B, T, d_model)

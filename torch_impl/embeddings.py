@@ -7,35 +7,39 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor as Array
-from torch import nn
+from torch.nn import Module
 
 from transformer_spec import Config
 from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
 from .layer_norm import make_norm
-from .layers import Dropout, _torch_dtype
+from .layers import Dropout, parameter
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .validate import token_ids
 
 
-class TokenEmbedding(nn.Module):
+class TokenEmbedding(Module):
     """A (vocab, d_model) lookup table, optionally scaled by sqrt(d_model).
 
     The paper multiplies by sqrt(d_model) (section 3.4) so that embeddings drawn with
     std d_model**-0.5 are not drowned by the unit-amplitude positional sinusoids.
+
+    Not Flax's ``nnx.Embed``: its table is called ``embedding`` (ours keeps the canonical
+    ``weight``) and its lookup clamps out-of-range ids to the last row.
     """
 
     def __init__(self, vocab_size: int, d_model: int, scale: bool, dtype: str = "float32"):
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(vocab_size, d_model, dtype=_torch_dtype(dtype)))
-        self.scale = math.sqrt(d_model) if scale else 1.0
+        self.weight = parameter((vocab_size, d_model), dtype)
+        self.scale = math.sqrt(d_model) if scale else 1.0  # a Python float: keeps the dtype
 
     def forward(self, ids: Array) -> Array:
-        return F.embedding(ids, self.weight) * self.scale  # (B, T) -> (B, T, d_model)
+        rows = F.embedding(ids, self.weight)  # (B, T) -> (B, T, d_model)
+        return rows * self.scale  # (B, T, d_model)
 
 
-class Embeddings(nn.Module):
+class Embeddings(Module):
     """ids -> token embedding + positional encoding (+ token type) (-> LayerNorm)."""
 
     schema = "embeddings"
@@ -54,12 +58,16 @@ class Embeddings(nn.Module):
         elif config.positional == "learned":
             self.position = LearnedPositionalEmbedding(config, dtype)
         self.token_type = (
-            TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype) if config.type_vocab_size else None
+            TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype)
+            if config.type_vocab_size
+            else None
         )
         self.norm = make_norm(config, dtype) if config.embedding_norm else None
         self.dropout = Dropout(config.dropout)
 
-    def forward(self, ids: Array, token_type_ids: Array | None = None, offset: int = 0) -> Array:
+    def forward(
+        self, ids: Array, token_type_ids: Array | None = None, offset: int = 0
+    ) -> Array:
         ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
         x = self.token(ids)  # (B, T, d_model)
         record(self, token=x)
@@ -71,7 +79,8 @@ class Embeddings(nn.Module):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(ids)  # (B, T)
             type_vocab = self.config.type_vocab_size
-            token_type_ids = token_ids("token_type_ids", token_type_ids, type_vocab, None, self)  # (B, T)
+            # (B, T)
+            token_type_ids = token_ids("token_type_ids", token_type_ids, type_vocab, None, self)
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
             token_type = self.token_type(token_type_ids)  # (B, T, d_model)
             record(self, token_type=token_type)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor as Array
 from torch import nn
+from torch.nn import Module
 
 from transformer_spec import Config
 from transformer_spec.checks import check_hidden
@@ -17,7 +18,7 @@ from .sublayer import sublayer_connection
 from .validate import check_float_inputs
 
 
-class EncoderLayer(nn.Module):
+class EncoderLayer(Module):
     """Self-attention, then feed-forward, each wrapped in a residual connection."""
 
     schema = "encoder_layer"
@@ -54,7 +55,7 @@ class EncoderLayer(nn.Module):
         return x, weights
 
 
-class Encoder(nn.Module):
+class Encoder(Module):
     """N identical layers (each with its own weights), then an optional final LayerNorm."""
 
     schema = "encoder"
@@ -62,7 +63,8 @@ class Encoder(nn.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList([EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)])
+        layers = [EncoderLayer(config, dtype) for _ in range(config.num_encoder_layers)]
+        self.layers = nn.ModuleList(layers)
         self.norm = make_norm(config, dtype) if config.encoder_final_norm else None
 
     def forward(
@@ -72,13 +74,15 @@ class Encoder(nn.Module):
         need_weights: bool = False,
         need_hidden_states: bool = False,
     ) -> tuple[Array, tuple[Array, ...], tuple[Array, ...]]:
-        """-> (output (B, T, d_model), hidden states (input + each layer's output), weights per layer)."""
+        """-> (output (B, T, d_model), hidden states (input + each layer's output),
+        weights per layer)."""
         hidden_states, attentions = [x], []
         for layer in self.layers:
             x, weights = layer(x, mask, need_weights)  # (B, T, d_model), (B, H, T, T) or None
-            if need_hidden_states:  # else each layer's output is freed once the next layer has used it
+            if need_hidden_states:  # else each output is freed once the next layer has used it
                 hidden_states.append(x)
             attentions.append(weights)
         if self.norm is not None:
             x = self.norm(x)  # (B, T, d_model)
-        return x, (tuple(hidden_states) if need_hidden_states else ()), (tuple(attentions) if need_weights else ())
+        hidden_states = tuple(hidden_states) if need_hidden_states else ()
+        return x, hidden_states, (tuple(attentions) if need_weights else ())

@@ -6,7 +6,8 @@ import math
 
 import torch
 from torch import Tensor as Array
-from torch import nn
+from torch import sigmoid
+from torch.nn import Module
 from torch.special import erf
 
 from transformer_spec import Config
@@ -19,29 +20,34 @@ from .validate import check_float_inputs
 
 
 def relu(x: Array) -> Array:
-    return torch.where(x > 0, x, 0.0)  # (...)
+    # where, not maximum(x, 0.0): JAX splits the gradient of a tie evenly (0.5 at exactly 0);
+    # torch and jax.nn.relu define it as 0 there, as this where does
+    return torch.where(x > 0, x, 0.0)  # (...,)
 
 
 @fusable("gelu")  # speed: a fused kernel may run instead (kernels.py)
 def gelu(x: Array) -> Array:
-    """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu")."""
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))  # (...)
+    """Exact GELU, x * Phi(x) (torch ``nn.GELU()``, BERT's "gelu"). Not ``jax.nn.gelu(x)``:
+    its default is ``approximate=True``, the tanh formula below."""
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))  # (...,)
 
 
 def gelu_tanh(x: Array) -> Array:
-    """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact one."""
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # (...)
+    """The tanh approximation (GPT-2; ``jax.nn.gelu``'s default): up to ~5e-4 off the exact
+    one."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # (...,)
 
 
 def silu(x: Array) -> Array:
-    """SiLU (swish), x * sigmoid(x): the gate of Llama's SwiGLU (torch ``F.silu``, ``jax.nn.silu``)."""
-    return x * torch.sigmoid(x)  # (...,): torch.sigmoid = 1 / (1 + exp(-x)), without overflow for large -x
+    """SiLU (swish), x * sigmoid(x): the gate of Llama's SwiGLU (torch ``F.silu``,
+    ``jax.nn.silu``)."""
+    return x * sigmoid(x)  # (...,): sigmoid(x) = 1 / (1 + exp(-x)), without overflow for large -x
 
 
 ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
 
 
-class PositionwiseFeedForward(nn.Module):
+class PositionwiseFeedForward(Module):
     """FFN(x) = act(x W_1 + b_1) W_2 + b_2, the same two matrices at every position."""
 
     schema = "feed_forward"
@@ -51,11 +57,12 @@ class PositionwiseFeedForward(nn.Module):
         self.config = config
         self.w_1 = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
         self.w_2 = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
-        self.activation = ACTIVATIONS[config.activation]
+        self.activation = ACTIVATIONS[config.activation]  # a plain function (NNX: static)
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: Array) -> None:
-        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take
+        the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
@@ -70,8 +77,9 @@ class PositionwiseFeedForward(nn.Module):
         return output
 
 
-class GatedFeedForward(nn.Module):
-    """FFN(x) = (act(x W_gate) * (x W_up)) W_down (Shazeer, 2020, "GLU Variants Improve Transformer").
+class GatedFeedForward(Module):
+    """FFN(x) = (act(x W_gate) * (x W_up)) W_down (Shazeer, 2020, "GLU Variants Improve
+    Transformer").
 
     Two projections up to d_ff instead of one: the activated "gate" multiplies the plain "up"
     projection feature by feature, then W_down returns to d_model. SwiGLU (Llama, SmolLM2)
@@ -87,11 +95,12 @@ class GatedFeedForward(nn.Module):
         self.w_gate = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
         self.w_up = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
         self.w_down = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
-        self.activation = ACTIVATIONS[config.activation]
+        self.activation = ACTIVATIONS[config.activation]  # a plain function (NNX: static)
         self.dropout = Dropout(config.dropout)  # on the hidden layer
 
     def check_inputs(self, x: Array) -> None:
-        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take
+        the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
@@ -107,6 +116,10 @@ class GatedFeedForward(nn.Module):
         return output
 
 
-def make_feed_forward(config: Config, dtype: str = "float32") -> PositionwiseFeedForward | GatedFeedForward:
+def make_feed_forward(
+    config: Config, dtype: str = "float32"
+) -> PositionwiseFeedForward | GatedFeedForward:
     """The feed-forward network ``config.gated_ffn`` names: gated (SwiGLU, GeGLU) or the paper's."""
-    return GatedFeedForward(config, dtype) if config.gated_ffn else PositionwiseFeedForward(config, dtype)
+    if config.gated_ffn:
+        return GatedFeedForward(config, dtype)
+    return PositionwiseFeedForward(config, dtype)

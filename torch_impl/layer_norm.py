@@ -4,24 +4,29 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor as Array
-from torch import nn
+from torch.nn import Module
 
 from transformer_spec import Config
 from transformer_spec.checks import check_features
 from transformer_spec.trace import record
 
 from .kernels import fusable
-from .layers import _torch_dtype
+from .layers import parameter
 from .validate import check_float_inputs
 
 
-class LayerNorm(nn.Module):
+class LayerNorm(Module):
     """``(x - mean) / sqrt(var + eps) * weight + bias``.
 
     The variance is the *biased* one (divide by d, not d - 1) and eps sits inside the
     square root: that is what torch, Flax and BERT compute. (A common hand-written
     version uses ``x.std()`` -- unbiased -- and adds eps to the std: close, not equal.)
     torch's default eps is 1e-5, Flax's 1e-6, BERT's 1e-12: ours comes from the config.
+
+    Not Flax's ``nnx.LayerNorm``: its default ``use_fast_variance=True`` computes
+    var = E[x^2] - E[x]^2, which cancels catastrophically when the mean is large
+    compared with the spread, and it calls its parameters ``scale``/``bias``; ours keep
+    the canonical names.
     """
 
     schema = "layer_norm"
@@ -29,12 +34,13 @@ class LayerNorm(nn.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
         self.config = config
-        self.eps = float(config.layer_norm_eps)
-        self.weight = nn.Parameter(torch.ones(config.d_model, dtype=_torch_dtype(dtype)))
-        self.bias = nn.Parameter(torch.zeros(config.d_model, dtype=_torch_dtype(dtype))) if config.bias else None
+        self.eps = float(config.layer_norm_eps)  # a Python float: it does not change x's dtype
+        self.weight = parameter((config.d_model,), dtype, value=1.0)
+        self.bias = parameter((config.d_model,), dtype) if config.bias else None
 
     def check_inputs(self, x: Array) -> None:
-        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take
+        the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
@@ -52,12 +58,14 @@ class LayerNorm(nn.Module):
         return y
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Module):
     """``x / sqrt(mean(x^2) + eps) * weight`` (Zhang & Sennrich, 2019; Llama, SmolLM2).
 
     LayerNorm without the mean: the vector is rescaled to unit root-mean-square, not
     centred, and there is no bias. Cheaper, and as good in practice. eps sits inside the
     square root, as in LayerNorm (and HF's ``LlamaRMSNorm``, which computes it in float32).
+    Not Flax's ``nnx.RMSNorm``: its epsilon defaults to 1e-6 and its parameter is called
+    ``scale``.
     """
 
     schema = "rms_norm"
@@ -65,11 +73,12 @@ class RMSNorm(nn.Module):
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
         self.config = config
-        self.eps = float(config.layer_norm_eps)
-        self.weight = nn.Parameter(torch.ones(config.d_model, dtype=_torch_dtype(dtype)))
+        self.eps = float(config.layer_norm_eps)  # a Python float: it does not change x's dtype
+        self.weight = parameter((config.d_model,), dtype, value=1.0)
 
     def check_inputs(self, x: Array) -> None:
-        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take the call."""
+        """x (..., d_model) in the weights' dtype; checked here, before a fused kernel may take
+        the call."""
         check_features("x", x.shape, self.config.d_model)
         check_float_inputs(("x",), (x,), self)
 
@@ -84,5 +93,6 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(config: Config, dtype: str = "float32") -> LayerNorm | RMSNorm:
-    """The normalisation ``config.norm`` names: LayerNorm (the paper, BERT, GPT-2) or RMSNorm (Llama)."""
+    """The normalisation ``config.norm`` names: LayerNorm (the paper, BERT, GPT-2) or RMSNorm
+    (Llama)."""
     return RMSNorm(config, dtype) if config.norm == "rms_norm" else LayerNorm(config, dtype)

@@ -1,7 +1,7 @@
 """Masks: boolean, True = may attend, shaped to broadcast against (B, H, T_q, T_k).
 
 Careful: ``torch.nn.MultiheadAttention`` and ``nn.Transformer`` read True as *masked*;
-``F.scaled_dot_product_attention`` (and Flax, and we) read True as *may attend*.
+``F.scaled_dot_product_attention``, Flax and these backends read True as *may attend*.
 """
 
 from __future__ import annotations
@@ -15,25 +15,28 @@ def make_padding_mask(ids: Array, pad_id: int) -> Array:
     return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, T)
 
 
-def make_causal_mask(seq_len: int, device: torch.device | None = None) -> Array:  # differs: torch-device
+# differs: torch-device
+def make_causal_mask(seq_len: int, device: torch.device | None = None) -> Array:
     """(1, 1, T, T), lower triangular: position i may look at positions 0..i only."""
-    return torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device))[None, None, :, :]  # (1, 1, T, T)
+    mask = torch.tril(torch.ones((seq_len, seq_len), dtype=bool, device=device))  # (T, T)
+    return mask[None, None, :, :]  # (1, 1, T, T)
 
 
 def make_decoder_mask(ids: Array, pad_id: int) -> Array:
     """Decoder self-attention: causal AND key not padding -> (B, 1, T, T)."""
-    # differs: torch-device (the causal half is made where the ids are)
-    return make_padding_mask(ids, pad_id) & make_causal_mask(ids.shape[1], ids.device)  # (B, 1, T, T)
+    causal = make_causal_mask(ids.shape[1], ids.device)  # (1, 1, T, T); differs: torch-device
+    return make_padding_mask(ids, pad_id) & causal  # (B, 1, T, T)
 
 
-def make_target_mask(tgt_ids, pad_id: int):
+def make_target_mask(tgt_ids: Array, pad_id: int) -> Array:
     """The encoder-decoder's decoder self-attention -> (B, 1, T, T): ``make_decoder_mask``, except
     that position 0, the decoder's start token, is never hidden, even where a model spells it
     ``pad_id`` (Marian and BART start decoding from their pad token)."""
-    is_start = torch.arange(tgt_ids.shape[1], device=tgt_ids.device) == 0  # (T,); differs: torch-device
+    seq_len = tgt_ids.shape[1]
+    is_start = torch.arange(seq_len, device=tgt_ids.device) == 0  # (T,); differs: torch-device
     keep = (tgt_ids != pad_id) | is_start  # (B, T)
-    # differs: torch-device (the causal half is made where the ids are)
-    return keep[:, None, None, :] & make_causal_mask(tgt_ids.shape[1], tgt_ids.device)  # (B, 1, T, T)
+    causal = make_causal_mask(seq_len, tgt_ids.device)  # (1, 1, T, T); differs: torch-device
+    return keep[:, None, None, :] & causal  # (B, 1, T, T)
 
 
 def make_cross_attention_mask(src_ids: Array, pad_id: int) -> Array:

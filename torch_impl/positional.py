@@ -1,4 +1,5 @@
-"""Positional information: the paper's fixed sinusoids, a learned table, or rotary position embedding."""
+"""Positional information: the paper's fixed sinusoids, a learned table, or rotary position
+embedding."""
 
 from __future__ import annotations
 
@@ -6,26 +7,33 @@ import math
 
 import torch
 from torch import Tensor as Array
-from torch import nn
+from torch.nn import Module
 
 from transformer_spec import Config
 from transformer_spec.checks import check_rows
 
-from .layers import _torch_dtype
+from .layers import _torch_dtype, parameter
 
 
-def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved") -> Array:
+def sinusoidal_table(
+    max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved"
+) -> Array:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
 
     Written so that an odd d_model works: there are ceil(d/2) sine columns but only
     floor(d/2) cosine columns (``pe[:, 1::2] = cos`` with ceil(d/2) frequencies fails).
     ``layout="halves"`` puts the same columns in another order: every sine, then every
     cosine (Marian, fairseq): PE[pos, i] = sin(...), PE[pos, ceil(d/2) + i] = cos(...).
+
+    Computed in float64, then cast to ``dtype``: in float32 the rounding of the angle (up to
+    pos * 2^-24 rad) would leave entries ~4e-6 off at max_len=64 and ~3e-5 at 512. JAX has
+    float64 only when ``jax_enable_x64`` is on, so jax_impl computes the table, a constant, on
+    the host with NumPy (as the other backends compute it) and only then hands it to JAX.
     """
     position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(d/2),)
     angle = position * torch.exp(-math.log(10000.0) * two_i / d_model)  # (max_len, ceil(d/2))
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64)  # (max_len, d_model)
+    pe = torch.zeros((max_len, d_model), dtype=torch.float64)  # (max_len, d_model)
     if layout == "halves":
         sines = angle.shape[1]
         pe[:, :sines] = torch.sin(angle)  # (max_len, ceil(d/2))
@@ -36,42 +44,47 @@ def sinusoidal_table(max_len: int, d_model: int, dtype: str = "float32", layout:
     return pe.to(_torch_dtype(dtype))  # (max_len, d_model)
 
 
-class SinusoidalPositionalEncoding(nn.Module):
-    """A fixed table, not a parameter: a non-persistent buffer, so it moves with
-    ``.to(device)`` but is not saved in the state_dict."""
+class SinusoidalPositionalEncoding(Module):
+    """A fixed table, not a parameter: nothing of it is saved in the weights (torch: a
+    non-persistent buffer, which moves with ``.to(device)`` but is not in the state_dict)."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
-        pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)  # (max_len, d_model)
-        self.register_buffer("pe", pe, persistent=False)
+        pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)
+        self.register_buffer("pe", pe, persistent=False)  # (max_len, d_model)
 
     def forward(self, seq_len: int, offset: int = 0) -> Array:
         check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
-        return self.pe[offset : offset + seq_len]  # (T, d_model)
+        return _rows(self.pe, seq_len, offset)  # (T, d_model)
 
 
-class LearnedPositionalEmbedding(nn.Module):
+class LearnedPositionalEmbedding(Module):
     """One trained vector per position (BERT, GPT)."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(config.max_len, config.d_model, dtype=_torch_dtype(dtype)))
+        self.weight = parameter((config.max_len, config.d_model), dtype)
 
     def forward(self, seq_len: int, offset: int = 0) -> Array:
         check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
-        return self.weight[offset : offset + seq_len]  # (T, d_model)
+        return _rows(self.weight, seq_len, offset)  # (T, d_model)
 
 
-def rotary_tables(max_len: int, d_k: int, theta: float, dtype: str = "float32") -> tuple[Array, Array]:
+def rotary_tables(
+    max_len: int, d_k: int, theta: float, dtype: str = "float32"
+) -> tuple[Array, Array]:
     """-> cos, sin (max_len, d_k / 2) of the angles pos * theta^(-2i / d_k), i = 0 .. d_k/2 - 1.
 
     Pair i turns once every 2 pi theta^(2i/d_k) positions: the first pair fastest (one radian
     a position), the last slowest. Computed in float64, then cast (HF computes the angles in
-    float32: at position p they differ from these by about p * 6e-8 radians)."""
+    float32: at position p they differ from these by about p * 6e-8 radians); in jax_impl, as
+    the sinusoids, on the host with NumPy: float64 even without ``jax_enable_x64``.
+    """
     position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     inv_freq = theta ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)  # (d_k / 2,)
     angle = position * inv_freq  # (max_len, d_k / 2)
-    return torch.cos(angle).to(_torch_dtype(dtype)), torch.sin(angle).to(_torch_dtype(dtype))  # (max_len, d_k / 2)
+    cos, sin = torch.cos(angle), torch.sin(angle)  # (max_len, d_k / 2) each
+    return cos.to(_torch_dtype(dtype)), sin.to(_torch_dtype(dtype))  # (max_len, d_k / 2) each
 
 
 def rotate_pairs(x: Array, cos: Array, sin: Array, layout: str) -> Array:
@@ -82,25 +95,28 @@ def rotate_pairs(x: Array, cos: Array, sin: Array, layout: str) -> Array:
     if layout == "halves":
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]  # (..., T, d_k / 2) each
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (..., T, d_k)
+        halves = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]  # (..., T, d_k / 2) each
+        return torch.concatenate(halves, axis=-1)  # (..., T, d_k)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d_k / 2) each
-    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).reshape(x.shape)  # (..., T, d_k)
+    pairs = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # (..., T, d_k / 2, 2)
+    return pairs.reshape(x.shape)  # (..., T, d_k)
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(Module):
     """Rotary position embedding (Su et al., 2021, RoFormer): queries and keys, not embeddings.
 
     Each head's query and key at position m are rotated, pair of features by pair, by the
     angles m * theta^(-2i/d_k). A rotation by m then one by -n is one by m - n, so the score
     q_m . k_n depends on the two positions only through m - n: attention sees relative
     positions, and nothing is added to the token embeddings. A fixed function of the
-    positions, like the sinusoids: non-persistent buffers, no weights.
+    positions, like the sinusoids: no weights (torch: non-persistent buffers).
     """
 
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
         self.layout = config.rope_layout
-        cos, sin = rotary_tables(config.max_len, config.d_k, config.rope_theta, dtype)  # (max_len, d_k/2) each
+        # (max_len, d_k / 2) each
+        cos, sin = rotary_tables(config.max_len, config.d_k, config.rope_theta, dtype)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -108,6 +124,11 @@ class RotaryEmbedding(nn.Module):
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
         check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist
-        cos = self.cos[offset : offset + seq_len]  # (T, d_k / 2)
-        sin = self.sin[offset : offset + seq_len]  # (T, d_k / 2)
+        cos = _rows(self.cos, seq_len, offset)  # (T, d_k / 2)
+        sin = _rows(self.sin, seq_len, offset)  # (T, d_k / 2)
         return rotate_pairs(x, cos, sin, self.layout)  # (B, H, T, d_k)
+
+
+def _rows(table: Array, seq_len: int, offset: int) -> Array:
+    """Rows offset .. offset + seq_len - 1 of a (max_len, d_model) table -> (T, d_model)."""
+    return table[offset : offset + seq_len]  # (T, d_model)

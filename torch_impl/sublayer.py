@@ -18,7 +18,8 @@ def sublayer_connection(
     norm_first: bool,
     dropout: Dropout | None = None,
 ) -> tuple[Array, Any]:
-    """Post-norm (the paper): LayerNorm(x + Dropout(sublayer(x))). Pre-norm: x + Dropout(sublayer(LayerNorm(x))).
+    """Post-norm (the paper): LayerNorm(x + Dropout(sublayer(x))).
+    Pre-norm: x + Dropout(sublayer(LayerNorm(x))).
 
     ``sublayer`` returns (output, extra), the extra being attention weights or None.
     Pre-norm keeps an un-normalised residual path from input to output, which trains
