@@ -145,6 +145,8 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     d_q, d_kv = module.w_q.out_features, module.w_k.out_features
     if key is None:  # decoding's cross-attention: the memory's keys and values are in the cache
         q, k, v = module.w_q(query), None, None  # (B, T_q, d_q)
+    elif cache is not None:  # a decoding step: three small products beat packing the weights each step
+        q, k, v = module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_new, d_q|d_kv)
     elif query is key and key is value:  # self-attention: one (d_model, d_q + 2 d_kv) matmul
         qkv = F.linear(query, *_packed(module.w_q, module.w_k, module.w_v))  # (B, T, d_q + 2 d_kv)
         q, k, v = qkv.split([d_q, d_kv, d_kv], dim=-1)  # (B, T, d_q), (B, T, d_kv) x2
