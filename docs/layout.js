@@ -76,7 +76,33 @@ function measure(doc, width) {
       const rect = head.getBoundingClientRect();
       return {backend: head.className.replace(/.*col-/, ""), left: rect.left, right: rect.right, top: rect.top};
     }));
-  return {problems, columns};
+  return {problems, columns, wrapped: wrappedLines(doc)};
+}
+
+// The source lines of the three-column sections that wrapped: a line's block (docs/pages.py's
+// highlight_python writes one <span class="line"> per source line) is taller than one line.
+function wrappedLines(doc) {
+  const wrapped = [];
+  for (const pre of doc.querySelectorAll(".columns pre")) {
+    const lines = [...pre.querySelectorAll("span.line")];
+    const heights = lines.map((line) => line.getBoundingClientRect().height);
+    const one = parseFloat(doc.defaultView.getComputedStyle(pre).lineHeight) || Math.min(...heights);
+    lines.forEach((line, i) => {
+      if (heights[i] > one * 1.5) {
+        const number = line.querySelector(".linenos");
+        const text = [...line.childNodes].filter((node) => node !== number).map((node) => node.textContent).join("");
+        const cell = pre.closest(".cell");
+        wrapped.push({
+          backend: cell ? cell.className.replace(/.*col-(\w+).*/, "$1") : "?",
+          line: number ? Number(number.textContent) : null,
+          chars: text.length,
+          text: text.trim().slice(0, 40),
+          rows: Math.round(heights[i] / one),
+        });
+      }
+    });
+  }
+  return wrapped;
 }
 
 window.addEventListener("load", () => {
@@ -86,7 +112,7 @@ window.addEventListener("load", () => {
     const doc = frame.contentDocument;
     results[key] = doc && doc.body
       ? measure(doc, Number(frame.dataset.width))
-      : {problems: ["the page did not load"], columns: []};
+      : {problems: ["the page did not load"], columns: [], wrapped: []};
   }
   document.getElementById("layout-results").textContent = JSON.stringify(results);
 });

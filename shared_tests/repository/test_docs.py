@@ -2,7 +2,8 @@
 and checked for what a reader needs, never compared byte for byte with a committed copy: every
 page, every definition the pages name in every backend, every link, real code in three
 columns. Then, in headless Chromium, every page measured at 1000, 1400 and 1900 px wide and the
-attention page screenshot at each: equations never clipped, three columns side by side."""
+attention page screenshot at each: equations never clipped, three columns side by side, no line of
+code wrapped that its column holds (a 100-character line from 2200 px)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from docs import build, check, chromium, layout, prose, source
 from docs.components import NOT_SHOWN, PAGES
 from docs.mathml import tex_to_mathml
-from docs.pages import BACKENDS, parse_code
+from docs.pages import BACKENDS, highlight_python, parse_code
 from docs.tutorials import BY_SLUG, TUTORIALS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -175,12 +176,63 @@ def test_equations_become_mathml_and_unknown_tex_is_an_error():
 def test_every_page_fits_at_1000_1400_and_1900_px(site):
     """Measured in the browser, every page at every width: no equation wider than its box (clipped
     or scrolled), nothing cut off, nothing past the window's right edge, code inside its column;
-    from 1400 px up, the three columns side by side."""
+    from 1400 px up, the three columns side by side and no line of code wrapped that is no longer
+    than a column holds (``layout.CODE_FITS``: 63 characters at 1400 px, 88 at 1900 px)."""
     measured = layout.measure(site)
     assert {page for page, _ in measured} == {p.name for p in site.glob("*.html")}
     assert {width for _, width in measured} == set(layout.WIDTHS)
     problems = layout.problems(measured)
     assert not problems, "\n".join(problems)
+
+
+@needs_chromium
+def test_a_100_character_line_of_code_fits_its_column_from_2200_px(site):
+    """Three columns of 100 characters (the backends' limit) and line numbers need 2200 px at 11px
+    (docs/site.css); from there the code font grows, up to 13px, as long as such a line fits."""
+    widths = tuple(width for width in layout.CODE_FITS if layout.code_fits(width) >= 100)
+    assert widths == (2200,)
+    problems = layout.problems(layout.measure(site, widths))
+    assert not problems, "\n".join(problems)
+
+
+def test_a_wrapped_line_of_code_is_a_problem_where_its_column_holds_it():
+    short = {"backend": "jax", "line": 12, "chars": 60, "text": "return x", "rows": 2}
+    long = {"backend": "torch", "line": 40, "chars": 95, "text": "y = f(", "rows": 2}
+    widths = (1000, 1400, 1900, 2200)
+    measured = {("a.html", w): {"problems": [], "columns": [], "wrapped": [short, long]} for w in widths}
+    assert layout.problems(measured) == [
+        "a.html at 1400 px: jax line 12 wraps (60 characters): 'return x', and a column holds 63",
+        "a.html at 1900 px: jax line 12 wraps (60 characters): 'return x', and a column holds 88",
+        "a.html at 2200 px: jax line 12 wraps (60 characters): 'return x', and a column holds 100",
+        "a.html at 2200 px: torch line 40 wraps (95 characters): 'y = f(', and a column holds 100",
+    ]
+    assert [layout.code_fits(w) for w in (1000, 1399, 1400, 1899, 1900, 2200, 3000)] == [0, 0, 63, 63, 88, 100, 100]
+
+
+@needs_chromium
+def test_the_layout_check_finds_the_lines_of_code_that_wrap_in_a_narrow_column(site, tmp_path):
+    """The site's stylesheet and code, in three columns squeezed into 600 px: the 41-character line
+    wraps (about 24 characters fit) and is a problem, the shorter lines do not wrap."""
+    shutil.copy(site / "style.css", tmp_path / "style.css")
+    text = "def f(x):\n    y = x + 1\n    return [x, y, x * y, x - y, x / y, 0]\n"
+    code = highlight_python(text, 98)
+    cells = "".join(f'<div class="cell col-{b}">{code}</div>' for b, _, _, _ in BACKENDS)
+    heads = "".join(f'<div class="colhead col-{b}">{title}</div>' for b, title, _, _ in BACKENDS)
+    (tmp_path / "page.html").write_text(
+        '<!DOCTYPE html><html><head><link rel="stylesheet" href="style.css"></head><body>'
+        f'<section class="columns" style="width:600px">{heads}{cells}</section></body></html>',
+        encoding="utf-8",
+    )
+    measured = layout.measure(tmp_path, (1400,))
+    assert measured[("page.html", 1400)]["wrapped"] == [
+        {"backend": b, "line": 100, "chars": 41, "text": "return [x, y, x * y, x - y, x / y, 0]", "rows": 2}
+        for b, _, _, _ in BACKENDS
+    ]
+    problems = layout.problems(measured)
+    assert problems[-1] == (
+        "page.html at 1400 px: torch line 100 wraps (41 characters): 'return [x, y, x * y, x - y, x / y, 0]', "
+        "and a column holds 63"
+    )
 
 
 @needs_chromium
