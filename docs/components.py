@@ -149,7 +149,7 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "attention.py: MultiHeadAttention, AttentionHead, MultiHeadAttentionLoop, KeyValueCache, append_to_cache",
-            "layers.py: Linear",
+            "layers.py: Linear, parameter",
         ),
         tests=(
             "*test_components.py::test_multi_head_attention_matches_reference*",

@@ -1,8 +1,10 @@
 """Scaled dot-product attention and multi-head attention (paper, section 3.2).
 
-Written out by hand rather than with ``jax.nn.dot_product_attention``: that one
-computes the softmax in float32 even for float64 inputs, and gives a fully masked
-row uniform weights (it averages V over the padding) where we define zeros.
+Written out as the paper writes it. The frameworks' fused attention is not quite the same
+function: ``jax.nn.dot_product_attention`` computes the softmax in float32 even for float64
+inputs, and the libraries give a query row with no allowed key NaN or the mean of V where we
+define zeros. torch's ``F.scaled_dot_product_attention`` runs only as a fused kernel
+(kernels.py), held equal to this code.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx import Module
 from jax import Array
 
 from transformer_spec import Config
@@ -25,7 +28,7 @@ from transformer_spec.trace import record
 
 from .kernels import fusable
 from .layers import Dropout, Linear
-from .positional import RotaryEmbedding
+from .positional import Position, RotaryEmbedding
 from .validate import check_float_inputs, check_mask
 
 
@@ -35,20 +38,21 @@ def masked_softmax(scores: Array, mask: Array | None) -> Array:
     Masked scores become -inf, so their weight is exp(-inf) = 0 *exactly* (a finite
     fill such as -1e9 leaves them a tiny weight, and gives a fully masked row uniform
     weights over padding). A row with no allowed key would then be exp(-inf - -inf) =
-    NaN; we define it as all-zero weights instead, in every backend.
+    NaN (``torch.softmax`` returns NaN there); we define it as all-zero weights instead,
+    in every backend.
 
-    JAX note: the order of operations also keeps *gradients* finite. ``jnp.where``
-    picks, it does not compute, so the -inf branch and the replaced row max pass back
-    zero gradient, and exp(-inf) = 0 has derivative 0. (``jax.nn.softmax`` with its
+    The order of operations also keeps *gradients* finite (for torch's and JAX's autograd):
+    ``where`` picks, it does not compute, so the -inf branch and the replaced row max pass
+    back zero gradient, and exp(-inf) = 0 has derivative 0. (``jax.nn.softmax`` with its
     ``where=`` argument gets the forward pass right but is not this algorithm.)
     """
     if mask is not None:
-        scores = jnp.where(mask, scores, -jnp.inf)  # (..., T_q, T_k)
+        scores = jnp.where(mask, scores, -math.inf)  # (..., T_q, T_k)
     row_max = scores.max(axis=-1, keepdims=True)  # (..., T_q, 1); -inf where nothing is allowed
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1): subtracting the max avoids overflow
     exp = jnp.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
     total = exp.sum(axis=-1, keepdims=True)  # (..., T_q, 1)
-    return exp / jnp.where(total > 0, total, 1.0)  # (..., T_q, T_k); empty rows: 0 / 1 = 0, not 0 / 0
+    return exp / jnp.where(total > 0, total, 1.0)  # (..., T_q, T_k): empty rows: 0 / 1 = 0, not 0 / 0
 
 
 def scaled_dot_product_attention(
@@ -100,7 +104,7 @@ class KeyValueCache:
         self.k = k  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
         self.v = v  # (B, H_kv, T_cache, d_k)
 
-    def update(self, k: Array | None, v: Array | None, position: int | Array) -> tuple[Array, Array]:
+    def update(self, k: Array | None, v: Array | None, position: Position) -> tuple[Array, Array]:
         """The keys and values (B, H_kv, T_new, d_k) of positions position .. position + T_new - 1
         -> those of every position so far, the new ones kept for the next step. None: nothing
         new (cross-attention: the cache holds the memory's, projected once, before the first step)."""
@@ -118,32 +122,32 @@ class KeyValueCache:
         return cls(*arrays)
 
 
-def append_to_cache(cached: Array, new: Array, position: int | Array, axis: int) -> Array:
+def append_to_cache(cached: Array, new: Array, position: Position, axis: int) -> Array:
     """``cached`` holds positions 0 .. position - 1 along ``axis``; -> it with ``new`` after them.
 
-    JAX difference: NumPy and torch grow the array by concatenation, so its shape changes
-    every step, and ``jax.jit`` compiles once per shape: once per step. Here the cache is a
-    buffer of fixed size (``config.max_len`` positions, see ``empty_cache``) and a step
-    writes its entries at ``position``, which may be traced: one compiled step serves every
-    position. The price: each step attends over all max_len slots (the unwritten ones masked
-    out: the causal mask already hides every position after the query's), and the buffers
-    are allocated at full size up front. ``dynamic_update_slice`` clamps a start past the
-    end instead of raising, so the caller checks the position eagerly.
+    NumPy and torch grow the array by concatenation: a copy of everything cached so far, and
+    a shape that changes every step (fine without a compiler). ``jax.jit`` compiles once per
+    shape, so JAX's cache is a buffer of fixed size (``config.max_len`` positions, see
+    ``empty_cache``) and a step writes its entries at ``position``, which may be traced: one
+    compiled step serves every position. The price: each step attends over all the slots
+    (those not written yet are masked out: the causal mask already hides every position after
+    the query's). ``dynamic_update_slice`` clamps a start past the end instead of raising, so
+    JAX's caller checks the position eagerly.
     """
     # differs: jit-static-shapes
     return jax.lax.dynamic_update_slice_in_dim(cached, new, position, axis=axis)  # (B, H, max_len, d_k) as cached
 
 
-class NoRotation(nnx.Module):
+class NoRotation(Module):
     """The queries and keys as they are: the attention of a model without rotary positions (the
     paper's sinusoids and BERT's learned positions are added to the embeddings instead), and
     every cross-attention (positions mean something only within one sequence)."""
 
-    def __call__(self, x: Array, offset: int = 0) -> Array:
+    def __call__(self, x: Array, offset: Position = 0) -> Array:
         return x  # (B, H, T, d_k)
 
 
-class MultiHeadAttention(nnx.Module):
+class MultiHeadAttention(Module):
     """h heads in one set of matrices: project, split into heads, attend, merge, project.
 
     With ``config.num_kv_heads`` < num_heads (grouped-query attention) the keys and values
@@ -155,6 +159,7 @@ class MultiHeadAttention(nnx.Module):
     schema = "attention"
 
     def __init__(self, config: Config, dtype: str = "float32", rotary: bool | None = None):
+        super().__init__()
         self.config = config
         self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.num_kv_heads, config.d_k
         self.groups = config.num_heads // config.num_kv_heads  # query heads per key/value head
@@ -185,7 +190,7 @@ class MultiHeadAttention(nnx.Module):
         value: Array | None,
         mask: Array | None = None,
         cache: KeyValueCache | None = None,
-        position: int | Array = 0,
+        position: Position = 0,
     ) -> None:
         """query (B, T_q, d_model), key and value (B, T_k, d_model) in the weights' dtype (None: a
         cache holds them), mask broadcastable to the scores (B, H, T_q, T_k), which span the cache
@@ -209,7 +214,7 @@ class MultiHeadAttention(nnx.Module):
         mask: Array | None = None,
         need_weights: bool = False,
         cache: KeyValueCache | None = None,
-        position: int | Array = 0,
+        position: Position = 0,
     ) -> tuple[Array, Array | None]:
         """query (B, T_q, d_model), key and value (B, T_k, d_model) -> output (B, T_q, d_model),
         and the attention weights (B, H, T_q, T_k) when ``need_weights``.
@@ -228,7 +233,7 @@ class MultiHeadAttention(nnx.Module):
         record(self, output=output)
         return output, (weights if need_weights else None)
 
-    def key_value(self, key: Array | None, value: Array | None, position: int | Array = 0) -> tuple:
+    def key_value(self, key: Array | None, value: Array | None, position: Position = 0) -> tuple:
         """key and value (B, T, d_model) at positions position .. position + T - 1 -> their keys
         and values (B, H_kv, T, d_k), the keys rotated; (None, None) for None: decoding's
         cross-attention reads the memory's from its cache, projected once."""
@@ -238,18 +243,19 @@ class MultiHeadAttention(nnx.Module):
         return k, self.split_heads(self.w_v(value))  # (B, H_kv, T, d_k) each
 
     def empty_cache(self, batch: int) -> KeyValueCache:
-        """The keys and values of no token yet: (B, H_kv, max_len, d_k) zeros each, a fixed-size
-        buffer that ``update`` writes into (NumPy and torch start from (B, H_kv, 0, d_k))."""
+        """The keys and values of no token yet, each (B, H_kv, 0, d_k) in NumPy and torch, grown
+        by ``update``; in JAX a fixed-size buffer of (B, H_kv, max_len, d_k) zeros it writes into."""
         empty = jnp.zeros(
             (batch, self.num_kv_heads, self.config.max_len, self.d_k), self.w_k.kernel[...].dtype
         )  # (B, H_kv, max_len, d_k)
         return KeyValueCache(empty, empty)  # (B, H_kv, max_len, d_k) each
 
 
-class AttentionHead(nnx.Module):
+class AttentionHead(Module):
     """One head as the PyTorch tutorials write it: its own Linear(d_model, d_k) for q, k and v."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.w_q = Linear(config.d_model, config.d_k, config.bias, dtype)
         self.w_k = Linear(config.d_model, config.d_k, config.bias, dtype)
         self.w_v = Linear(config.d_model, config.d_k, config.bias, dtype)
@@ -264,17 +270,18 @@ class AttentionHead(nnx.Module):
         return context[:, 0], weights[:, 0]  # (B, T_q, d_k), (B, T_q, T_k)
 
 
-class MultiHeadAttentionLoop(nnx.Module):
+class MultiHeadAttentionLoop(Module):
     """The tutorials' multi-head attention: a Python list of heads, concatenated, then w_o.
 
     Mathematically the same as :class:`MultiHeadAttention` given the same weights
-    (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one.
-    (Under ``jax.jit`` the Python loop is unrolled at trace time into H copies of the ops.)
+    (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one
+    (under ``jax.jit`` the Python loop is unrolled at trace time into H copies of the ops).
     """
 
     schema = "attention_heads"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
         # nnx.List, not a plain list: Flax NNX only looks for parameters inside its own
         # containers (a plain list of modules is rejected as a static attribute).

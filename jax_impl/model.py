@@ -6,7 +6,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax.nnx import Module
 from jax import Array
 
 from transformer_spec import Config, ModelOutput
@@ -21,7 +21,7 @@ from transformer_spec.trace import record
 from .decoder import Decoder
 from .embeddings import Embeddings
 from .encoder import Encoder
-from .layers import Linear, seed_dropout
+from .layers import Linear, parameter, seed_dropout
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask, make_target_mask
 from .validate import attention_mask, token_ids
 
@@ -32,7 +32,7 @@ jax.tree_util.register_dataclass(
 )
 
 
-class Generator(nnx.Module):
+class Generator(Module):
     """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
     target embedding table, transposed (paper, section 3.4), and has no weights of its own.
     The model passes that table in on each call rather than the generator keeping a second
@@ -42,9 +42,10 @@ class Generator(nnx.Module):
     """
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
         vocab = config.tgt_vocab_size
-        bias = nnx.Param(jnp.zeros((vocab,), dtype)) if config.final_logits_bias else None  # (V,)
+        bias = parameter((vocab,), dtype) if config.final_logits_bias else None  # (V,)
         self.logits_bias = bias
 
     def __call__(self, x: Array, embedding: Array) -> Array:
@@ -58,12 +59,13 @@ class Generator(nnx.Module):
         return logits
 
 
-class Transformer(nnx.Module):
+class Transformer(Module):
     """Encoder-decoder: src ids -> memory; tgt ids (shifted right) + memory -> next-token logits."""
 
     schema = "model"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         check_model_kind("Transformer", "encoder_decoder", config.kind)
         self.config = config
         self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
@@ -135,12 +137,13 @@ class Transformer(nnx.Module):
         )
 
 
-class TransformerLM(nnx.Module):
+class TransformerLM(Module):
     """Decoder-only causal language model: ids -> next-token logits at every position."""
 
     schema = "model"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         check_model_kind("TransformerLM", "decoder_only", config.kind)
         self.config = config
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
@@ -176,12 +179,13 @@ class TransformerLM(nnx.Module):
         )
 
 
-class Pooler(nnx.Module):
+class Pooler(Module):
     """BERT's pooler: tanh(h_first @ W + b), the first ([CLS]) token's final vector through a
     dense layer. Trained on next-sentence prediction; sentence embeddings usually mean-pool
     ``last_hidden_state`` instead."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.proj = Linear(config.d_model, config.d_model, config.bias, dtype)
 
     def __call__(self, x: Array) -> Array:
@@ -190,12 +194,13 @@ class Pooler(nnx.Module):
         return pooled
 
 
-class TransformerEncoderModel(nnx.Module):
+class TransformerEncoderModel(Module):
     """Encoder-only (BERT-style): ids (+ token types) -> contextual vectors."""
 
     schema = "model"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         check_model_kind("TransformerEncoderModel", "encoder_only", config.kind)
         self.config = config
         self.src_embed = Embeddings(config, dtype, config.src_vocab_size)

@@ -17,6 +17,8 @@ from transformer_spec.checks import check_rows
 
 from .layers import parameter
 
+Position = int | Array  # where a sequence starts: an int, or a traced integer in a compiled step
+
 
 class Buffer(nnx.Variable):
     """A non-trainable array that belongs to a module (torch's ``register_buffer``).
@@ -65,7 +67,7 @@ class SinusoidalPositionalEncoding(Module):
         pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)
         self.pe = Buffer(pe)  # (max_len, d_model)
 
-    def __call__(self, seq_len: int, offset: int | Array = 0) -> Array:
+    def __call__(self, seq_len: int, offset: Position = 0) -> Array:
         check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
         return _rows(self.pe, seq_len, offset)  # (T, d_model)
 
@@ -77,7 +79,7 @@ class LearnedPositionalEmbedding(Module):
         super().__init__()
         self.weight = parameter((config.max_len, config.d_model), dtype)
 
-    def __call__(self, seq_len: int, offset: int | Array = 0) -> Array:
+    def __call__(self, seq_len: int, offset: Position = 0) -> Array:
         check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
         return _rows(self.weight, seq_len, offset)  # (T, d_model)
 
@@ -133,7 +135,7 @@ class RotaryEmbedding(Module):
         self.cos = Buffer(cos)
         self.sin = Buffer(sin)
 
-    def __call__(self, x: Array, offset: int | Array = 0) -> Array:
+    def __call__(self, x: Array, offset: Position = 0) -> Array:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
         check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist
@@ -142,7 +144,7 @@ class RotaryEmbedding(Module):
         return rotate_pairs(x, cos, sin, self.layout)  # (B, H, T, d_k)
 
 
-def _rows(table: Array, seq_len: int, offset: int | Array) -> Array:
+def _rows(table: Array, seq_len: int, offset: Position) -> Array:
     """Rows offset .. offset + seq_len - 1 of a (max_len, d_model) table -> (T, d_model)."""
     # JAX: seq_len is a Python int (a shape). So is offset in a forward pass, and the slice is
     # static under jit. A cached decoding step (generate.py) passes a traced offset, so that one

@@ -1,4 +1,11 @@
-"""Scaled dot-product attention and multi-head attention (paper, section 3.2)."""
+"""Scaled dot-product attention and multi-head attention (paper, section 3.2).
+
+Written out as the paper writes it. The frameworks' fused attention is not quite the same
+function: ``jax.nn.dot_product_attention`` computes the softmax in float32 even for float64
+inputs, and the libraries give a query row with no allowed key NaN or the mean of V where we
+define zeros. torch's ``F.scaled_dot_product_attention`` runs only as a fused kernel
+(kernels.py), held equal to this code.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +26,7 @@ from transformer_spec.trace import record
 from .kernels import fusable
 from .layers import Dropout, Linear
 from .module import Module, with_prefix
-from .positional import RotaryEmbedding
+from .positional import Position, RotaryEmbedding
 from .validate import check_float_inputs, check_mask
 
 
@@ -29,10 +36,16 @@ def masked_softmax(scores: Array, mask: Array | None) -> Array:
     Masked scores become -inf, so their weight is exp(-inf) = 0 *exactly* (a finite
     fill such as -1e9 leaves them a tiny weight, and gives a fully masked row uniform
     weights over padding). A row with no allowed key would then be exp(-inf - -inf) =
-    NaN; we define it as all-zero weights instead, in every backend.
+    NaN (``torch.softmax`` returns NaN there); we define it as all-zero weights instead,
+    in every backend.
+
+    The order of operations also keeps *gradients* finite (for torch's and JAX's autograd):
+    ``where`` picks, it does not compute, so the -inf branch and the replaced row max pass
+    back zero gradient, and exp(-inf) = 0 has derivative 0. (``jax.nn.softmax`` with its
+    ``where=`` argument gets the forward pass right but is not this algorithm.)
     """
     if mask is not None:
-        scores = np.where(mask, scores, -np.inf)  # (..., T_q, T_k)
+        scores = np.where(mask, scores, -math.inf)  # (..., T_q, T_k)
     row_max = scores.max(axis=-1, keepdims=True)  # (..., T_q, 1); -inf where nothing is allowed
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1): subtracting the max avoids overflow
     exp = np.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
@@ -136,7 +149,7 @@ class KeyValueCache:
         self.k = k  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
         self.v = v  # (B, H_kv, T_cache, d_k)
 
-    def update(self, k: Array | None, v: Array | None, position: int) -> tuple[Array, Array]:
+    def update(self, k: Array | None, v: Array | None, position: Position) -> tuple[Array, Array]:
         """The keys and values (B, H_kv, T_new, d_k) of positions position .. position + T_new - 1
         -> those of every position so far, the new ones kept for the next step. None: nothing
         new (cross-attention: the cache holds the memory's, projected once, before the first step)."""
@@ -149,9 +162,14 @@ class KeyValueCache:
 def append_to_cache(cached: Array, new: Array, position: int, axis: int) -> Array:
     """``cached`` holds positions 0 .. position - 1 along ``axis``; -> it with ``new`` after them.
 
-    NumPy (and torch) grow the array: one concatenation per step, a copy of everything
-    cached so far, and shapes that change every step (fine without a compiler). jax_impl
-    writes into a buffer of fixed size instead, so that its compiled step keeps one shape.
+    NumPy and torch grow the array by concatenation: a copy of everything cached so far, and
+    a shape that changes every step (fine without a compiler). ``jax.jit`` compiles once per
+    shape, so JAX's cache is a buffer of fixed size (``config.max_len`` positions, see
+    ``empty_cache``) and a step writes its entries at ``position``, which may be traced: one
+    compiled step serves every position. The price: each step attends over all the slots
+    (those not written yet are masked out: the causal mask already hides every position after
+    the query's). ``dynamic_update_slice`` clamps a start past the end instead of raising, so
+    JAX's caller checks the position eagerly.
     """
     if cached.shape[axis] != position:
         raise ValueError(
@@ -165,7 +183,7 @@ class NoRotation(Module):
     paper's sinusoids and BERT's learned positions are added to the embeddings instead), and
     every cross-attention (positions mean something only within one sequence)."""
 
-    def __call__(self, x: Array, offset: int = 0) -> Array:
+    def __call__(self, x: Array, offset: Position = 0) -> Array:
         return x  # (B, H, T, d_k)
 
     def backward(self, grad_output: Array) -> tuple[Array, dict]:
@@ -184,6 +202,7 @@ class MultiHeadAttention(Module):
     schema = "attention"
 
     def __init__(self, config: Config, dtype: str = "float32", rotary: bool | None = None):
+        super().__init__()
         self.config = config
         self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.num_kv_heads, config.d_k
         self.groups = config.num_heads // config.num_kv_heads  # query heads per key/value head
@@ -214,7 +233,7 @@ class MultiHeadAttention(Module):
         value: Array | None,
         mask: Array | None = None,
         cache: KeyValueCache | None = None,
-        position: int = 0,
+        position: Position = 0,
     ) -> None:
         """query (B, T_q, d_model), key and value (B, T_k, d_model) in the weights' dtype (None: a
         cache holds them), mask broadcastable to the scores (B, H, T_q, T_k), which span the cache
@@ -238,7 +257,7 @@ class MultiHeadAttention(Module):
         mask: Array | None = None,
         need_weights: bool = False,
         cache: KeyValueCache | None = None,
-        position: int = 0,
+        position: Position = 0,
     ) -> tuple[Array, Array | None]:
         """query (B, T_q, d_model), key and value (B, T_k, d_model) -> output (B, T_q, d_model),
         and the attention weights (B, H, T_q, T_k) when ``need_weights``.
@@ -296,7 +315,7 @@ class MultiHeadAttention(Module):
         return grad_query + grad_key + grad_value, grads  # (B, T, d_model)
 
 
-    def key_value(self, key: Array | None, value: Array | None, position: int = 0) -> tuple:
+    def key_value(self, key: Array | None, value: Array | None, position: Position = 0) -> tuple:
         """key and value (B, T, d_model) at positions position .. position + T - 1 -> their keys
         and values (B, H_kv, T, d_k), the keys rotated; (None, None) for None: decoding's
         cross-attention reads the memory's from its cache, projected once."""
@@ -306,7 +325,8 @@ class MultiHeadAttention(Module):
         return k, self.split_heads(self.w_v(value))  # (B, H_kv, T, d_k) each
 
     def empty_cache(self, batch: int) -> KeyValueCache:
-        """The keys and values of no token yet: (B, H_kv, 0, d_k) each, grown by ``update``."""
+        """The keys and values of no token yet, each (B, H_kv, 0, d_k) in NumPy and torch, grown
+        by ``update``; in JAX a fixed-size buffer of (B, H_kv, max_len, d_k) zeros it writes into."""
         empty = np.zeros((batch, self.num_kv_heads, 0, self.d_k), self.w_k.weight.dtype)  # (B, H_kv, 0, d_k)
         return KeyValueCache(empty, empty)
 
@@ -315,6 +335,7 @@ class AttentionHead(Module):
     """One head as the PyTorch tutorials write it: its own Linear(d_model, d_k) for q, k and v."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.w_q = Linear(config.d_model, config.d_k, config.bias, dtype)
         self.w_k = Linear(config.d_model, config.d_k, config.bias, dtype)
         self.w_v = Linear(config.d_model, config.d_k, config.bias, dtype)
@@ -333,12 +354,14 @@ class MultiHeadAttentionLoop(Module):
     """The tutorials' multi-head attention: a Python list of heads, concatenated, then w_o.
 
     Mathematically the same as :class:`MultiHeadAttention` given the same weights
-    (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one.
+    (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one
+    (under ``jax.jit`` the Python loop is unrolled at trace time into H copies of the ops).
     """
 
     schema = "attention_heads"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.config = config
         self.heads = [AttentionHead(config, dtype) for _ in range(config.num_heads)]
         self.w_o = Linear(config.d_model, config.d_model, config.bias, dtype)
@@ -355,4 +378,4 @@ class MultiHeadAttentionLoop(Module):
         outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
         context = np.concatenate([c for c, _ in outputs], axis=-1)  # (B, T_q, d_model)
         weights = np.stack([w for _, w in outputs], axis=1)  # (B, H, T_q, T_k)
-        return self.w_o(context), (weights if need_weights else None)  # (B, T_q, d_model), (B, H, T_q, T_k)
+        return self.w_o(context), (weights if need_weights else None)  # (B, T_q, d_model), weights

@@ -15,6 +15,7 @@ from .feed_forward import make_feed_forward
 from .layer_norm import make_norm
 from .layers import Dropout
 from .module import Module, with_prefix
+from .positional import Position
 from .sublayer import sublayer_connection, sublayer_connection_backward
 from .validate import check_float_inputs
 
@@ -59,7 +60,7 @@ class DecoderLayer(Module):
         memory_mask: Array | None = None,
         need_weights: bool = False,
         cache: LayerCache | None = None,
-        position: int = 0,
+        position: Position = 0,
     ) -> tuple[Array, Array | None, Array | None]:
         """x (B, T_tgt, d_model), memory (B, T_src, d_model), tgt_mask (B|1, 1, T_tgt, T_tgt),
         memory_mask (B|1, 1, T_tgt|1, T_src) -> (B, T_tgt, d_model), self weights, cross
@@ -192,7 +193,7 @@ class Decoder(Module):
         need_weights: bool = False,
         need_hidden_states: bool = False,
         cache: tuple[LayerCache, ...] | None = None,
-        position: int = 0,
+        position: Position = 0,
     ) -> tuple[Array, tuple, tuple, tuple]:
         """-> (output, hidden states, self-attention weights per layer, cross-attention weights per
         layer). Decoding passes one ``LayerCache`` per layer (``empty_cache``), filled in place."""

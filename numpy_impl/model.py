@@ -17,7 +17,7 @@ from transformer_spec.trace import record
 from .decoder import Decoder
 from .embeddings import Embeddings
 from .encoder import Encoder
-from .layers import Linear, seed_dropout
+from .layers import Linear, parameter, seed_dropout
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask, make_target_mask
 from .module import Module, with_prefix
 from .validate import attention_mask, token_ids
@@ -31,9 +31,10 @@ class Generator(Module):
     a bias vector is added to the logits, tied or not (Marian)."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
         vocab = config.tgt_vocab_size
-        bias = np.zeros((vocab,), dtype) if config.final_logits_bias else None  # (V,)
+        bias = parameter((vocab,), dtype) if config.final_logits_bias else None  # (V,)
         self.logits_bias = bias
 
     def __call__(self, x: Array, embedding: Array) -> Array:
@@ -69,6 +70,7 @@ class Transformer(Module):
     schema = "model"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         check_model_kind("Transformer", "encoder_decoder", config.kind)
         self.config = config
         self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
@@ -167,6 +169,7 @@ class TransformerLM(Module):
     schema = "model"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         check_model_kind("TransformerLM", "decoder_only", config.kind)
         self.config = config
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
@@ -224,6 +227,7 @@ class Pooler(Module):
     ``last_hidden_state`` instead."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         self.proj = Linear(config.d_model, config.d_model, config.bias, dtype)
 
     def __call__(self, x: Array) -> Array:
@@ -238,6 +242,7 @@ class TransformerEncoderModel(Module):
     schema = "model"
 
     def __init__(self, config: Config, dtype: str = "float32"):
+        super().__init__()
         check_model_kind("TransformerEncoderModel", "encoder_only", config.kind)
         self.config = config
         self.src_embed = Embeddings(config, dtype, config.src_vocab_size)

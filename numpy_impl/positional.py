@@ -14,6 +14,8 @@ from transformer_spec.checks import check_rows
 from .layers import parameter
 from .module import Module
 
+Position = int  # where a sequence starts (JAX also takes a traced integer there, in a compiled step)
+
 
 def sinusoidal_table(
     max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved"
@@ -53,7 +55,7 @@ class SinusoidalPositionalEncoding(Module):
         pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)
         self.pe = pe  # (max_len, d_model)
 
-    def __call__(self, seq_len: int, offset: int = 0) -> Array:
+    def __call__(self, seq_len: int, offset: Position = 0) -> Array:
         check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
         return _rows(self.pe, seq_len, offset)  # (T, d_model)
 
@@ -69,7 +71,7 @@ class LearnedPositionalEmbedding(Module):
         super().__init__()
         self.weight = parameter((config.max_len, config.d_model), dtype)
 
-    def __call__(self, seq_len: int, offset: int = 0) -> Array:
+    def __call__(self, seq_len: int, offset: Position = 0) -> Array:
         check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
         self.keep(seq_len=seq_len, offset=offset)  # differs: numpy-autograd
         return _rows(self.weight, seq_len, offset)  # (T, d_model)
@@ -134,7 +136,7 @@ class RotaryEmbedding(Module):
         self.cos = cos
         self.sin = sin
 
-    def __call__(self, x: Array, offset: int = 0) -> Array:
+    def __call__(self, x: Array, offset: Position = 0) -> Array:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
         check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist
@@ -153,6 +155,6 @@ class RotaryEmbedding(Module):
         return rotate_pairs(grad_output, cos, -sin, self.layout), {}  # (B, H, T, d_k)
 
 
-def _rows(table: Array, seq_len: int, offset: int) -> Array:
+def _rows(table: Array, seq_len: int, offset: Position) -> Array:
     """Rows offset .. offset + seq_len - 1 of a (max_len, d_model) table -> (T, d_model)."""
     return table[offset : offset + seq_len]  # (T, d_model)

@@ -1,4 +1,11 @@
-"""Scaled dot-product attention and multi-head attention (paper, section 3.2)."""
+"""Scaled dot-product attention and multi-head attention (paper, section 3.2).
+
+Written out as the paper writes it. The frameworks' fused attention is not quite the same
+function: ``jax.nn.dot_product_attention`` computes the softmax in float32 even for float64
+inputs, and the libraries give a query row with no allowed key NaN or the mean of V where we
+define zeros. torch's ``F.scaled_dot_product_attention`` runs only as a fused kernel
+(kernels.py), held equal to this code.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import math
 import torch
 from torch import Tensor as Array
 from torch import nn
+from torch.nn import Module
 
 from transformer_spec import Config
 from transformer_spec.checks import (
@@ -19,7 +27,7 @@ from transformer_spec.trace import record
 
 from .kernels import fusable
 from .layers import Dropout, Linear
-from .positional import RotaryEmbedding
+from .positional import Position, RotaryEmbedding
 from .validate import check_float_inputs, check_mask
 
 
@@ -31,9 +39,14 @@ def masked_softmax(scores: Array, mask: Array | None) -> Array:
     weights over padding). A row with no allowed key would then be exp(-inf - -inf) =
     NaN (``torch.softmax`` returns NaN there); we define it as all-zero weights instead,
     in every backend.
+
+    The order of operations also keeps *gradients* finite (for torch's and JAX's autograd):
+    ``where`` picks, it does not compute, so the -inf branch and the replaced row max pass
+    back zero gradient, and exp(-inf) = 0 has derivative 0. (``jax.nn.softmax`` with its
+    ``where=`` argument gets the forward pass right but is not this algorithm.)
     """
     if mask is not None:
-        scores = scores.masked_fill(~mask, -math.inf)  # (..., T_q, T_k)
+        scores = torch.where(mask, scores, -math.inf)  # (..., T_q, T_k)
     row_max = scores.amax(axis=-1, keepdims=True)  # (..., T_q, 1); -inf where nothing is allowed
     row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1): subtracting the max avoids overflow
     exp = torch.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
@@ -60,7 +73,7 @@ def scaled_dot_product_attention(
     check_attention_inputs(q.shape, k.shape, v.shape)
     check_float_inputs(("q", "k", "v"), (q, k, v))
     scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (..., T_q, d_k) @ (..., d_k, T_k)
-    check_mask("mask", mask, tuple(scores.shape))
+    check_mask("mask", mask, scores.shape)
     record(None, scores=scores)  # traced under the calling module's name
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
     record(None, weights=weights)
@@ -89,7 +102,7 @@ class KeyValueCache:
         self.k = k  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
         self.v = v  # (B, H_kv, T_cache, d_k)
 
-    def update(self, k: Array | None, v: Array | None, position: int) -> tuple[Array, Array]:
+    def update(self, k: Array | None, v: Array | None, position: Position) -> tuple[Array, Array]:
         """The keys and values (B, H_kv, T_new, d_k) of positions position .. position + T_new - 1
         -> those of every position so far, the new ones kept for the next step. None: nothing
         new (cross-attention: the cache holds the memory's, projected once, before the first step)."""
@@ -102,9 +115,14 @@ class KeyValueCache:
 def append_to_cache(cached: Array, new: Array, position: int, axis: int) -> Array:
     """``cached`` holds positions 0 .. position - 1 along ``axis``; -> it with ``new`` after them.
 
-    torch (like NumPy) grows the tensor: one concatenation per step, a copy of everything
-    cached so far, and shapes that change every step (fine in eager mode). jax_impl writes
-    into a buffer of fixed size instead, so that its compiled step keeps one shape.
+    NumPy and torch grow the array by concatenation: a copy of everything cached so far, and
+    a shape that changes every step (fine without a compiler). ``jax.jit`` compiles once per
+    shape, so JAX's cache is a buffer of fixed size (``config.max_len`` positions, see
+    ``empty_cache``) and a step writes its entries at ``position``, which may be traced: one
+    compiled step serves every position. The price: each step attends over all the slots
+    (those not written yet are masked out: the causal mask already hides every position after
+    the query's). ``dynamic_update_slice`` clamps a start past the end instead of raising, so
+    JAX's caller checks the position eagerly.
     """
     if cached.shape[axis] != position:
         raise ValueError(
@@ -113,16 +131,16 @@ def append_to_cache(cached: Array, new: Array, position: int, axis: int) -> Arra
     return torch.cat([cached, new], dim=axis)  # (..., position + T_new, ...)
 
 
-class NoRotation(nn.Module):
+class NoRotation(Module):
     """The queries and keys as they are: the attention of a model without rotary positions (the
     paper's sinusoids and BERT's learned positions are added to the embeddings instead), and
     every cross-attention (positions mean something only within one sequence)."""
 
-    def forward(self, x: Array, offset: int = 0) -> Array:
+    def forward(self, x: Array, offset: Position = 0) -> Array:
         return x  # (B, H, T, d_k)
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(Module):
     """h heads in one set of matrices: project, split into heads, attend, merge, project.
 
     With ``config.num_kv_heads`` < num_heads (grouped-query attention) the keys and values
@@ -165,7 +183,7 @@ class MultiHeadAttention(nn.Module):
         value: Array | None,
         mask: Array | None = None,
         cache: KeyValueCache | None = None,
-        position: int = 0,
+        position: Position = 0,
     ) -> None:
         """query (B, T_q, d_model), key and value (B, T_k, d_model) in the weights' dtype (None: a
         cache holds them), mask broadcastable to the scores (B, H, T_q, T_k), which span the cache
@@ -189,7 +207,7 @@ class MultiHeadAttention(nn.Module):
         mask: Array | None = None,
         need_weights: bool = False,
         cache: KeyValueCache | None = None,
-        position: int = 0,
+        position: Position = 0,
     ) -> tuple[Array, Array | None]:
         """query (B, T_q, d_model), key and value (B, T_k, d_model) -> output (B, T_q, d_model),
         and the attention weights (B, H, T_q, T_k) when ``need_weights``.
@@ -208,7 +226,7 @@ class MultiHeadAttention(nn.Module):
         record(self, output=output)
         return output, (weights if need_weights else None)
 
-    def key_value(self, key: Array | None, value: Array | None, position: int = 0) -> tuple:
+    def key_value(self, key: Array | None, value: Array | None, position: Position = 0) -> tuple:
         """key and value (B, T, d_model) at positions position .. position + T - 1 -> their keys
         and values (B, H_kv, T, d_k), the keys rotated; (None, None) for None: decoding's
         cross-attention reads the memory's from its cache, projected once."""
@@ -218,7 +236,8 @@ class MultiHeadAttention(nn.Module):
         return k, self.split_heads(self.w_v(value))  # (B, H_kv, T, d_k) each
 
     def empty_cache(self, batch: int) -> KeyValueCache:
-        """The keys and values of no token yet: (B, H_kv, 0, d_k) each, grown by ``update``."""
+        """The keys and values of no token yet, each (B, H_kv, 0, d_k) in NumPy and torch, grown
+        by ``update``; in JAX a fixed-size buffer of (B, H_kv, max_len, d_k) zeros it writes into."""
         # differs: torch-device  differs: jit-static-shapes
         weight = self.w_k.weight
         empty = torch.zeros(
@@ -227,7 +246,7 @@ class MultiHeadAttention(nn.Module):
         return KeyValueCache(empty, empty)  # (B, H_kv, 0, d_k) each
 
 
-class AttentionHead(nn.Module):
+class AttentionHead(Module):
     """One head as the PyTorch tutorials write it: its own Linear(d_model, d_k) for q, k and v."""
 
     def __init__(self, config: Config, dtype: str = "float32"):
@@ -246,11 +265,12 @@ class AttentionHead(nn.Module):
         return context[:, 0], weights[:, 0]  # (B, T_q, d_k), (B, T_q, T_k)
 
 
-class MultiHeadAttentionLoop(nn.Module):
+class MultiHeadAttentionLoop(Module):
     """The tutorials' multi-head attention: a Python list of heads, concatenated, then w_o.
 
     Mathematically the same as :class:`MultiHeadAttention` given the same weights
-    (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one.
+    (``transformer_spec.attention_to_heads`` slices them); H small matmuls instead of one
+    (under ``jax.jit`` the Python loop is unrolled at trace time into H copies of the ops).
     """
 
     schema = "attention_heads"
@@ -273,4 +293,4 @@ class MultiHeadAttentionLoop(nn.Module):
         outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
         context = torch.cat([c for c, _ in outputs], dim=-1)  # (B, T_q, d_model)
         weights = torch.stack([w for _, w in outputs], dim=1)  # (B, H, T_q, T_k)
-        return self.w_o(context), (weights if need_weights else None)  # (B, T_q, d_model), (B, H, T_q, T_k)
+        return self.w_o(context), (weights if need_weights else None)  # (B, T_q, d_model), weights

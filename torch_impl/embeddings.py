@@ -15,7 +15,7 @@ from transformer_spec.trace import record
 
 from .layer_norm import make_norm
 from .layers import Dropout, parameter
-from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from .positional import LearnedPositionalEmbedding, Position, SinusoidalPositionalEncoding
 from .validate import token_ids
 
 
@@ -66,7 +66,7 @@ class Embeddings(Module):
         self.dropout = Dropout(config.dropout)
 
     def forward(
-        self, ids: Array, token_type_ids: Array | None = None, offset: int = 0
+        self, ids: Array, token_type_ids: Array | None = None, offset: Position = 0
     ) -> Array:
         ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
         x = self.token(ids)  # (B, T, d_model)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor as Array
-from torch import nn
+from torch.nn import Module
 
 from transformer_spec import Config, ModelOutput
 from transformer_spec.checks import (
@@ -18,12 +18,12 @@ from transformer_spec.trace import record
 from .decoder import Decoder
 from .embeddings import Embeddings
 from .encoder import Encoder
-from .layers import Linear, _torch_dtype
+from .layers import Linear, parameter
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask, make_target_mask
 from .validate import attention_mask, token_ids
 
 
-class Generator(nn.Module):
+class Generator(Module):
     """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
     target embedding table, transposed (paper, section 3.4), and has no weights of its own.
     The model passes that table in on each call rather than the generator keeping a second
@@ -34,7 +34,7 @@ class Generator(nn.Module):
         super().__init__()
         self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
         vocab = config.tgt_vocab_size
-        bias = nn.Parameter(torch.zeros(vocab, dtype=_torch_dtype(dtype))) if config.final_logits_bias else None  # (V,)
+        bias = parameter((vocab,), dtype) if config.final_logits_bias else None  # (V,)
         self.logits_bias = bias
 
     def forward(self, x: Array, embedding: Array) -> Array:
@@ -48,7 +48,7 @@ class Generator(nn.Module):
         return logits
 
 
-class Transformer(nn.Module):
+class Transformer(Module):
     """Encoder-decoder: src ids -> memory; tgt ids (shifted right) + memory -> next-token logits."""
 
     schema = "model"
@@ -125,7 +125,7 @@ class Transformer(nn.Module):
         )
 
 
-class TransformerLM(nn.Module):
+class TransformerLM(Module):
     """Decoder-only causal language model: ids -> next-token logits at every position."""
 
     schema = "model"
@@ -166,7 +166,7 @@ class TransformerLM(nn.Module):
         )
 
 
-class Pooler(nn.Module):
+class Pooler(Module):
     """BERT's pooler: tanh(h_first @ W + b), the first ([CLS]) token's final vector through a
     dense layer. Trained on next-sentence prediction; sentence embeddings usually mean-pool
     ``last_hidden_state`` instead."""
@@ -181,7 +181,7 @@ class Pooler(nn.Module):
         return pooled
 
 
-class TransformerEncoderModel(nn.Module):
+class TransformerEncoderModel(Module):
     """Encoder-only (BERT-style): ids (+ token types) -> contextual vectors."""
 
     schema = "model"

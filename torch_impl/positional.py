@@ -14,6 +14,8 @@ from transformer_spec.checks import check_rows
 
 from .layers import _torch_dtype, parameter
 
+Position = int  # where a sequence starts (JAX also takes a traced integer there, in a compiled step)
+
 
 def sinusoidal_table(
     max_len: int, d_model: int, dtype: str = "float32", layout: str = "interleaved"
@@ -53,7 +55,7 @@ class SinusoidalPositionalEncoding(Module):
         pe = sinusoidal_table(config.max_len, config.d_model, dtype, config.sinusoid_layout)
         self.register_buffer("pe", pe, persistent=False)  # (max_len, d_model)
 
-    def forward(self, seq_len: int, offset: int = 0) -> Array:
+    def forward(self, seq_len: int, offset: Position = 0) -> Array:
         check_rows(offset, seq_len, self.pe.shape[0])  # rows offset .. offset + T - 1 exist
         return _rows(self.pe, seq_len, offset)  # (T, d_model)
 
@@ -65,7 +67,7 @@ class LearnedPositionalEmbedding(Module):
         super().__init__()
         self.weight = parameter((config.max_len, config.d_model), dtype)
 
-    def forward(self, seq_len: int, offset: int = 0) -> Array:
+    def forward(self, seq_len: int, offset: Position = 0) -> Array:
         check_rows(offset, seq_len, self.weight.shape[0])  # rows offset .. offset + T - 1 exist
         return _rows(self.weight, seq_len, offset)  # (T, d_model)
 
@@ -120,7 +122,7 @@ class RotaryEmbedding(Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, x: Array, offset: int = 0) -> Array:
+    def forward(self, x: Array, offset: Position = 0) -> Array:
         """x (B, H, T, d_k) at positions offset .. offset + T - 1 -> x rotated (B, H, T, d_k)."""
         seq_len = x.shape[-2]
         check_rows(offset, seq_len, self.cos.shape[0])  # rows offset .. offset + T - 1 exist
@@ -129,6 +131,6 @@ class RotaryEmbedding(Module):
         return rotate_pairs(x, cos, sin, self.layout)  # (B, H, T, d_k)
 
 
-def _rows(table: Array, seq_len: int, offset: int) -> Array:
+def _rows(table: Array, seq_len: int, offset: Position) -> Array:
     """Rows offset .. offset + seq_len - 1 of a (max_len, d_model) table -> (T, d_model)."""
     return table[offset : offset + seq_len]  # (T, d_model)
