@@ -144,7 +144,7 @@ def training_section(sizes: Sequence[tuple[str, int, int]], budget: Budget) -> d
         module = importlib.import_module(package(name))
         training = importlib.import_module(f"{package(name)}.training")
         if not hasattr(training, "loss_and_grads"):
-            return {"skipped": f"{name}_impl/training.py has no loss_and_grads yet: training steps not measured"}
+            return {"skipped": f"{name}_impl/gradients.py has no loss_and_grads yet: training steps not measured"}
         backends[name] = module
     from transformer_run.data import copy_task
     from transformer_run.schedules import constant_schedule

@@ -90,7 +90,7 @@ PAGES: tuple[Page, ...] = (
             "table, but JAX clamps it silently to the last row, so `check_token_ids` runs eagerly before the "
             "jitted forward pass.",
         ),
-        code=("embeddings.py: TokenEmbedding, Embeddings", "validate.py: check_token_ids"),
+        code=("embeddings.py: TokenEmbedding, Embeddings", "checks.py: check_token_ids"),
         tests=(
             "*test_components.py::test_embeddings_match_reference*",
             "*test_components.py::test_bert_style_embeddings_with_token_types_match_reference*",
@@ -371,7 +371,7 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "masks.py: make_padding_mask, make_causal_mask, make_decoder_mask, make_target_mask, make_cross_attention_mask",
-            "validate.py: check_mask",
+            "checks.py: check_mask",
         ),
         parity_note=(
             "Masks are booleans and are compared exactly (test_attention_properties.py::"
@@ -454,7 +454,7 @@ PAGES: tuple[Page, ...] = (
         code=(
             "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel",
             "compiled.py: _run, compiled",
-            "validate.py: readable, to_backend, token_ids, attention_mask, check_float_inputs, weights_dtype",
+            "checks.py: readable, to_backend, token_ids, attention_mask, check_float_inputs, weights_dtype",
         ),
         tests=("*test_models.py::*",),
         notes={
@@ -523,7 +523,7 @@ PAGES: tuple[Page, ...] = (
             "`transformer_spec`, so their float64 loss curves agree step by step.",
         ),
         code=(
-            "training.py: loss_and_grads",
+            "gradients.py: loss_and_grads",
             "optim.py: Adam",
             "train.py: _update, train_step, _cached_update, train",
             "transformer_run/train.py: train_loop, TrainingState",

@@ -26,10 +26,10 @@ from transformer_spec.checks import (
 )
 from transformer_spec.trace import record
 
+from .checks import check_float_inputs, check_mask
 from .kernels import fusable
 from .layers import Dropout, Linear
 from .positional import Position, RotaryEmbedding
-from .validate import check_float_inputs, check_mask
 
 
 def masked_softmax(scores: Array, mask: Array | None) -> Array:

@@ -11,11 +11,11 @@ from transformer_spec.checks import check_hidden
 from transformer_spec.trace import record
 
 from .attention import MultiHeadAttention
+from .checks import check_float_inputs
 from .feed_forward import make_feed_forward
 from .layer_norm import make_norm
 from .layers import Dropout
 from .sublayer import sublayer_connection
-from .validate import check_float_inputs
 
 
 class EncoderLayer(Module):

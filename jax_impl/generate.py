@@ -61,9 +61,9 @@ from transformer_run.decoding import (
 from transformer_spec.checks import inputs_checked
 
 from .attention import KeyValueCache, append_to_cache
+from .checks import check_token_ids
 from .decoder import LayerCache
 from .masks import make_cross_attention_mask
-from .validate import check_token_ids
 
 
 class DecodingState(NamedTuple):

@@ -24,9 +24,9 @@ from transformer_run.batches import split_batch
 from transformer_run.mixed_precision import check_compute_dtype, check_master_dtype, check_policy
 from transformer_spec.checks import inputs_checked
 
+from .checks import check_token_ids
 from .loss import cross_entropy
 from .params import to_params
-from .validate import check_token_ids
 
 
 def in_compute_dtype(model: nnx.Module, compute_dtype: str = "bfloat16") -> nnx.Module:

@@ -18,12 +18,12 @@ from transformer_spec.checks import (
 )
 from transformer_spec.trace import record
 
+from .checks import attention_mask, token_ids
 from .decoder import Decoder
 from .embeddings import Embeddings
 from .encoder import Encoder
 from .layers import Linear, parameter, seed_dropout
 from .masks import make_cross_attention_mask, make_decoder_mask, make_padding_mask, make_target_mask
-from .validate import attention_mask, token_ids
 
 # ModelOutput is a plain dataclass in transformer_spec (which imports no framework); as a
 # pytree, a jit-compiled forward can return it as it is.

@@ -22,12 +22,12 @@ from transformer_run.train import TrainingState, train_loop
 from transformer_spec import param_schema, parent_of
 from transformer_spec.checks import inputs_checked
 
+from .checks import check_token_ids
 from .layers import Dropout, seed_dropout
 from .loss import cross_entropy
 from .mixed_precision import in_compute_dtype, keep_random_streams
 from .optim import Adam
 from .params import _to_flax_name
-from .validate import check_token_ids
 
 
 @nnx.jit(static_argnames=("label_smoothing", "compute_dtype"))

@@ -19,10 +19,10 @@ from transformer_run.data_parallel import batch_size, check_data_parallel, rank_
 from transformer_run.mixed_precision import check_compute_dtype
 from transformer_run.train import train_loop
 
+from .gradients import loss_and_grads
 from .layers import seed_dropout
 from .optim import Adam
 from .train import dropout_streams, set_dropout_streams
-from .training import loss_and_grads
 
 
 def data_parallel_loss_and_grads(

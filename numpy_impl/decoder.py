@@ -11,13 +11,13 @@ from transformer_spec.checks import check_hidden, check_same_batch
 from transformer_spec.trace import record
 
 from .attention import KeyValueCache, MultiHeadAttention
+from .checks import check_float_inputs
 from .feed_forward import make_feed_forward
 from .layer_norm import make_norm
 from .layers import Dropout
 from .module import Module, with_prefix
 from .positional import Position
 from .sublayer import sublayer_connection, sublayer_connection_backward
-from .validate import check_float_inputs
 
 
 class LayerCache(NamedTuple):

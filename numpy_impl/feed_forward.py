@@ -13,10 +13,10 @@ from transformer_spec import Config
 from transformer_spec.checks import check_features
 from transformer_spec.trace import record
 
+from .checks import check_float_inputs
 from .kernels import fusable
 from .layers import Dropout, Linear
 from .module import Module, with_prefix
-from .validate import check_float_inputs
 
 
 def relu(x: Array) -> Array:

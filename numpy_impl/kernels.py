@@ -33,8 +33,8 @@ import numpy as np
 
 from transformer_spec.kernels import fusable_in, fused_kernels, fused_kernels_enabled, use_fused_kernels
 
+from .checks import check_mask
 from .module import is_grad_enabled
-from .validate import check_mask
 
 __all__ = ["KERNELS", "fusable", "fused_kernels", "fused_kernels_enabled", "use_fused_kernels"]
 

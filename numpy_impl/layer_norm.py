@@ -9,10 +9,10 @@ from transformer_spec import Config
 from transformer_spec.checks import check_features
 from transformer_spec.trace import record
 
+from .checks import check_float_inputs
 from .kernels import fusable
 from .layers import parameter
 from .module import Module
-from .validate import check_float_inputs
 
 
 class LayerNorm(Module):

@@ -21,7 +21,7 @@ from numpy import ndarray as Array
 
 from transformer_spec.checks import check_loss_inputs
 
-from .validate import check_token_ids
+from .checks import check_token_ids
 
 
 def cross_entropy(logits: Array, targets: Array, pad_id: int, label_smoothing: float = 0.0) -> Array:

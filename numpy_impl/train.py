@@ -16,10 +16,10 @@ from transformer_run.mixed_precision import check_compute_dtype
 from transformer_run.train import TrainingState, train_loop
 from transformer_spec import param_schema
 
+from .gradients import loss_and_grads
 from .layers import Dropout, seed_dropout
 from .module import named_submodules
 from .optim import Adam
-from .training import loss_and_grads
 
 
 def train_step(

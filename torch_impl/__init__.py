@@ -26,6 +26,7 @@ from .feed_forward import (
     silu,
 )
 from .generate import beam, greedy, make_stepper, sample
+from .gradients import loss_and_grads
 from .kernels import KERNELS, fused_kernels, fused_kernels_enabled, use_fused_kernels
 from .layer_norm import LayerNorm, RMSNorm, make_norm
 from .layers import Dropout, Linear, seed_dropout
@@ -51,7 +52,6 @@ from .positional import (
 from .sublayer import sublayer_connection
 from .trace import named_modules, trace_model
 from .train import train, train_step
-from .training import loss_and_grads
 
 BACKEND = "torch"
 

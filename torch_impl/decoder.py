@@ -13,12 +13,12 @@ from transformer_spec.checks import check_hidden, check_same_batch
 from transformer_spec.trace import record
 
 from .attention import KeyValueCache, MultiHeadAttention
+from .checks import check_float_inputs
 from .feed_forward import make_feed_forward
 from .layer_norm import make_norm
 from .layers import Dropout
 from .positional import Position
 from .sublayer import sublayer_connection
-from .validate import check_float_inputs
 
 
 class LayerCache(NamedTuple):

@@ -13,10 +13,10 @@ from transformer_spec import Config
 from transformer_spec.checks import check_no_token_types, check_same_shape
 from transformer_spec.trace import record
 
+from .checks import token_ids
 from .layer_norm import make_norm
 from .layers import Dropout, parameter
 from .positional import LearnedPositionalEmbedding, Position, SinusoidalPositionalEncoding
-from .validate import token_ids
 
 
 class TokenEmbedding(Module):

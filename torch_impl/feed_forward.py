@@ -14,9 +14,9 @@ from transformer_spec import Config
 from transformer_spec.checks import check_features
 from transformer_spec.trace import record
 
+from .checks import check_float_inputs
 from .kernels import fusable
 from .layers import Dropout, Linear
-from .validate import check_float_inputs
 
 
 def relu(x: Array) -> Array:

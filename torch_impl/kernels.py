@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from transformer_spec.kernels import fusable_in, fused_kernels, fused_kernels_enabled, use_fused_kernels
 
-from .validate import check_mask
+from .checks import check_mask
 
 __all__ = ["KERNELS", "fusable", "fused_kernels", "fused_kernels_enabled", "use_fused_kernels"]
 

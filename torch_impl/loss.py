@@ -23,7 +23,7 @@ from torch import Tensor as Array
 
 from transformer_spec.checks import check_loss_inputs
 
-from .validate import check_token_ids
+from .checks import check_token_ids
 
 
 def cross_entropy(

@@ -52,6 +52,6 @@ def mixed_precision_loss_and_grads(
     """``training.loss_and_grads`` with the forward under autocast: the loss (float32, from the
     float32 logits) and the float32 gradients of the float32 master weights."""
     check_policy("torch", policy)
-    from .training import loss_and_grads  # (training.py imports this module)
+    from .gradients import loss_and_grads  # (gradients.py imports this module)
 
     return loss_and_grads(model, batch, label_smoothing, compute_dtype)

@@ -79,7 +79,7 @@ REASONS: dict[str, str] = {
     "model. NumPy has one device, and JAX puts new arrays on its default device.",
     "torch-index-dtype": "torch's embedding lookup takes int64 or int32 indices only, and torch cannot even "
     "compare uint16/32/64 tensors; NumPy and JAX index with every integer dtype. A model takes ids of every "
-    "integer dtype in every backend (checked on a host copy, as NumPy reads them), and torch's validate.py "
+    "integer dtype in every backend (checked on a host copy, as NumPy reads them), and torch's checks.py "
     "turns the checked ids into int64.",
     "jit-static-shapes": "jax.jit compiles once per shape, so a decoding step keeps one shape: the cache is a "
     "fixed-size buffer written, and the positional table read, at a position that is a traced value "

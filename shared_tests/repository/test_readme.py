@@ -157,7 +157,7 @@ def test_the_readme_holds_its_parts_in_order():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert text.startswith("# The Transformer, three ways\n\n"), "the title, then one paragraph"
     assert sections(text) == ["How to read it", "Two commands for a fresh machine", "Layout", "Measured agreement", "More"]
-    order = ["## How to read it", "1. `masks.py`", "11. `training.py`", MARKER, INSTALL_AND_COMPARE, TEST_COMMAND,
+    order = ["## How to read it", "1. `masks.py`", "11. `gradients.py`", MARKER, INSTALL_AND_COMPARE, TEST_COMMAND,
              "## Layout", "<!-- numbers: agreement -->", "## More", "- [CONTRIBUTING.md](CONTRIBUTING.md)"]  # fmt: skip
     where = [text.find(part) for part in order]
     assert -1 not in where, [part for part, at in zip(order, where, strict=True) if at == -1]
