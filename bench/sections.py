@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer_spec import BACKENDS, Config
-from transformer_spec.backends import package
+from transformer_backends.names import BACKENDS, package
+from transformer_spec import Config
 
 from . import implementations as impl
 from .compare import compare, warm_up

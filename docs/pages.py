@@ -12,7 +12,7 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
-import transformer_spec.backends
+import transformer_backends.names
 
 from . import parity, source
 from .components import AUTOGRAD, PAGES, Page, is_backward
@@ -28,8 +28,8 @@ COLUMNS = {
 }
 # (name, column title, package, what computes its gradients), in the order of transformer_spec.BACKENDS
 BACKENDS = tuple(
-    (name, COLUMNS[name][0], transformer_spec.backends.package(name), COLUMNS[name][1])
-    for name in transformer_spec.backends.BACKENDS
+    (name, COLUMNS[name][0], transformer_backends.names.package(name), COLUMNS[name][1])
+    for name in transformer_backends.names.BACKENDS
 )
 SOURCE_LINK = "../../"  # from docs/site/ back to the repository root
 

@@ -14,7 +14,7 @@ import html
 import json
 import pathlib
 
-from transformer_spec import BACKENDS
+from transformer_backends.names import BACKENDS
 
 CHECKS = {  # check -> (order, how to read it)
     "output": (0, "output vs the NumPy float64 reference"),

@@ -31,7 +31,7 @@ import sys
 
 import numpy as np
 
-from transformer_spec import BACKENDS
+from transformer_backends.names import BACKENDS
 
 from .walkthrough import compare_steps, versions, write_json
 

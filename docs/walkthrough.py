@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from transformer_spec import BACKENDS
+from transformer_backends.names import BACKENDS
 
 TEXT = "time flies like an arrow"
 PRESET = "bert-base"

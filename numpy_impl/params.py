@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_spec import Config, load_params, param_schema, parent_of
+from transformer_spec import Config, init_params, load_params, param_schema, parent_of
 from transformer_spec.io import check_weights_to_load
 
 from .model import MODEL_CLASSES
@@ -43,10 +43,18 @@ def to_params(module: Any) -> dict[str, np.ndarray]:
 
 
 def build_model(
-    config: Config, params: Mapping[str, Any], dtype: str | None = None, *, allow_non_finite: bool = False
+    config: Config,
+    params: Mapping[str, Any] | None = None,
+    dtype: str | None = None,
+    *,
+    allow_non_finite: bool = False,
 ) -> Any:
     """The model class that ``config.kind`` names, loaded with ``params``, in inference mode
-    (dropout off, as a pretrained model loads; ``model.train()`` switches it on)."""
+    (dropout off, as a pretrained model loads; ``model.train()`` switches it on). ``params``
+    None: the seeded initialisation every backend shares (``init_params(config, seed=0)``),
+    in ``dtype`` (float32 by default): the same numbers in NumPy, JAX and torch."""
+    if params is None:
+        params = init_params(config, seed=0, dtype=dtype or "float32")
     model = from_params(MODEL_CLASSES[config.kind], config, params, dtype, allow_non_finite=allow_non_finite)
     model.eval()  # (torch's eval returns the model, NNX's returns None)
     return model

@@ -42,7 +42,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and importlib.util.find_spec("j
 import pytest
 
 from transformer_backends import get_backend
-from transformer_spec import BACKENDS
+from transformer_backends.names import BACKENDS
 
 from . import tolerances
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 
+from transformer_backends.tolerances import max_relative_difference, tolerance
 from transformer_run.batches import decoder_only_batch, encoder_decoder_batch, split_batch
 from transformer_spec import Config, init_params, param_schema, parent_of
 from transformer_spec.config import ACTIVATIONS, KINDS, NORMS, POSITIONAL, ROPE_LAYOUTS, SINUSOID_LAYOUTS
-from transformer_spec.tolerances import max_relative_difference, tolerance
 
 from . import tolerances
 from .cases import token_ids
@@ -152,7 +152,7 @@ def one_line_error(capsys, argv: list[str], *words: str) -> str:
 # and checks each backend against the NumPy float64 reference:
 #
 # * a model's logits (or an encoder's hidden states and pooler) at the real, non-pad positions,
-#   within the tolerance table (``transformer_spec.tolerances.tolerance(dtype, layers)``);
+#   within the tolerance table (``transformer_backends.tolerances.tolerance(dtype, layers)``);
 # * a standalone attention (MultiHeadAttention, grouped or rotary, and
 #   scaled_dot_product_attention) under random boolean masks that broadcast along any axis and
 #   leave some queries nothing to attend to: its output and its weights;

@@ -1,6 +1,6 @@
 """The suite's tolerance checks and the records of the worst errors they saw.
 
-The table itself, and why its numbers are what they are: ``transformer_spec.tolerances``
+The table itself, and why its numbers are what they are: ``transformer_backends.tolerances``
 (the CLI's ``trace`` holds backends to the same table).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_spec.tolerances import TOLERANCE, max_relative_difference  # noqa: F401 (re-exported)
+from transformer_backends.tolerances import TOLERANCE, max_relative_difference  # noqa: F401 (re-exported)
 
 # Worst error seen per (backend, reference, dtype) in this run, printed at the end of the
 # session (conftest.py sets ``current_backend`` for each test; oracle modules name theirs).

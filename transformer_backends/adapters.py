@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from transformer_spec import BACKENDS, ModelOutput
-from transformer_spec.backends import package
+from transformer_spec import ModelOutput
+
+from .names import BACKENDS, package
 
 
 class Backend:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from transformer_backends import get_backend
-from transformer_spec import BACKENDS
+from transformer_backends.names import BACKENDS
 
 from .errors import UsageError, get_installed_backend, missing_extra
 from .help import plain, summary

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from transformer_spec import BACKENDS
+from transformer_backends.names import BACKENDS
 
 from .errors import UsageError, get_installed_backend
 from .help import plain, summary

@@ -15,7 +15,7 @@ import math
 import sys
 from collections.abc import Callable
 
-from transformer_spec import BACKENDS
+from transformer_backends.names import BACKENDS
 
 SEED_LIMIT = 2**32  # every framework takes seeds below it (JAX's keys are 32-bit words)
 

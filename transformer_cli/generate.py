@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from transformer_backends import available_backends, get_backend
-from transformer_spec import BACKENDS
+from transformer_backends.names import BACKENDS
 
 from . import errors
 from .help import plain, summary

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from transformer_backends import available_backends
+from transformer_backends.names import BACKENDS
 from transformer_run.data import BOS, NEXT_WORD, TOY_TRANSLATION, TOY_TRANSLATION_MODEL, WordVocab
-from transformer_spec import BACKENDS, PRESETS, Config, WeightsError, WeightsFileError, init_params, load_params
+from transformer_spec import PRESETS, Config, WeightsError, WeightsFileError, init_params, load_params
 
 from .errors import UsageError, backend_list, positive_int, seed
 

@@ -15,7 +15,7 @@ import textwrap
 
 import transformer_pitfalls as pitfalls
 from transformer_backends import available_backends
-from transformer_spec import BACKENDS
+from transformer_backends.names import BACKENDS
 
 from .errors import UsageError
 from .help import plain, summary

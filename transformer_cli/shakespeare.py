@@ -32,8 +32,9 @@ import time
 
 import numpy as np
 
+from transformer_backends.names import BACKENDS
 from transformer_run.schedules import warmup_schedule
-from transformer_spec import BACKENDS, init_params
+from transformer_spec import init_params
 
 from .errors import UsageError, backend_list, get_installed_backend, missing_extra, positive_int, seed
 from .help import plain, summary

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 
 from transformer_backends import get_backend
-from transformer_spec.tolerances import max_relative_difference, tolerance
+from transformer_backends.tolerances import max_relative_difference, tolerance
 
 from .errors import UsageError
 from .help import plain, summary
@@ -99,7 +99,7 @@ def trace_runs(model_input: ModelInput, runs: list[tuple[str, str]], progress=No
 
 def compare_traces(reference: dict, traces: dict[str, dict], layers: int = 2) -> tuple[list[Row], Row | None]:
     """Every intermediate of ``reference`` against the same name in each trace, held to the
-    tolerance of a stack of ``layers`` layers (``transformer_spec.tolerances.tolerance``).
+    tolerance of a stack of ``layers`` layers (``transformer_backends.tolerances.tolerance``).
 
     -> (a row per intermediate, the first row where some run is beyond tolerance or None).
     A name missing from a run, or a shape that differs, counts as a divergence (error inf)."""

@@ -41,6 +41,7 @@ import time
 
 import numpy as np
 
+from transformer_backends.names import BACKENDS
 from transformer_run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from transformer_run.data import (
     BOS,
@@ -55,7 +56,7 @@ from transformer_run.data import (
 )
 from transformer_run.data_parallel import batch_size, check_data_parallel
 from transformer_run.schedules import warmup_schedule
-from transformer_spec import BACKENDS, Config, WeightsError, WeightsFileError, init_params
+from transformer_spec import Config, WeightsError, WeightsFileError, init_params
 
 from .errors import UsageError, dropout_rate, get_installed_backend, missing_extra, positive_int, probability, seed
 from .help import plain, summary

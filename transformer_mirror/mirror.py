@@ -39,7 +39,7 @@ import tokenize
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from transformer_spec.backends import BACKENDS, package
+from transformer_backends.names import BACKENDS, package
 
 from .differences import NUMPY_BACKWARD, ONE_BACKEND_FILES, PER_BACKEND_FILES, REASONS
 

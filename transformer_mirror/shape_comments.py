@@ -44,7 +44,7 @@ import re
 import tokenize
 from dataclasses import dataclass
 
-from transformer_spec import backends
+from transformer_backends import names as backends
 
 # The model, in the README's reading order, and its building blocks: not the training,
 # decoding, tracing, weight-loading and validation glue around it.

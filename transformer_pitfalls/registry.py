@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from transformer_spec import BACKENDS  # the order every listing uses
+from transformer_backends.names import BACKENDS  # the order every listing uses
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,10 @@
 """The contract every backend implements: the backends' names, the config, the weight schema,
-seeded init, safetensors I/O, input checks, the outputs, the trace, the fused-kernel switch, and
-the tolerances that say what "equal" means between backends.
+seeded init, safetensors I/O, input checks, the outputs, the trace and the fused-kernel switch.
 
 Imports NumPy and safetensors only; every backend (numpy_impl, jax_impl, torch_impl) is fed from
 here, and from ``transformer_run`` for the code all three share (the training loop, the search).
 """
 
-from .backends import BACKENDS
 from .checks import WeightsError, WeightsFileError, check_params
 from .config import PRESETS, Config
 from .init import init_params
@@ -15,7 +13,7 @@ from .outputs import ModelOutput
 from .schema import attention_to_heads, param_schema, parent_of
 
 __all__ = [
-    "BACKENDS",
+
     "PRESETS",
     "ModelOutput",
     "attention_to_heads",

