@@ -20,13 +20,13 @@ from .mathml import tex_to_mathml
 from .tutorials import BY_SLUG, TUTORIALS
 
 SITE_TITLE = "The Transformer, three ways"
-# transformer_spec.BACKENDS name -> (column title, what computes its gradients)
+# transformer_backends.BACKENDS name -> (column title, what computes its gradients)
 COLUMNS = {
     "numpy": ("NumPy", "a hand-written backward"),
     "jax": ("JAX · Flax NNX", "jax.grad"),
     "torch": ("PyTorch", "torch.autograd"),
 }
-# (name, column title, package, what computes its gradients), in the order of transformer_spec.BACKENDS
+# (name, column title, package, what computes its gradients), in the order of transformer_backends.BACKENDS
 BACKENDS = tuple(
     (name, COLUMNS[name][0], transformer_backends.names.package(name), COLUMNS[name][1])
     for name in transformer_backends.names.BACKENDS
