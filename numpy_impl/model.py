@@ -27,13 +27,15 @@ class Generator(Module):
     """The pre-softmax projection d_model -> vocabulary; with ``tie_output`` it reuses the
     target embedding table, transposed (paper, section 3.4), and has no weights of its own.
     The model passes that table in on each call rather than the generator keeping a second
-    reference to it (which JAX would see as two separate arrays). With ``final_logits_bias``
-    a bias vector is added to the logits, tied or not (Marian)."""
+    reference to it: a model handed to ``jax.jit`` is flattened as a pytree, where a shared
+    submodule would appear as two separate arrays. With ``final_logits_bias`` a bias vector
+    is added to the logits, tied or not (Marian).
+    """
 
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
-        self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
         vocab = config.tgt_vocab_size
+        self.proj = None if config.tie_output else Linear(config.d_model, vocab, config.bias, dtype)
         bias = parameter((vocab,), dtype) if config.final_logits_bias else None  # (V,)
         self.logits_bias = bias
 
@@ -49,16 +51,20 @@ class Generator(Module):
         return logits
 
     def backward(self, grad_output: Array) -> tuple[tuple[Array, Array | None], dict[str, Array]]:
-        """grad_output (B, T, V) -> (grad_x (B, T, d_model), grad_embedding (V, d_model) when tied, else None),
-        grads of the projection (none when tied: the model adds grad_embedding to the embedding's)."""
+        """grad_output (B, T, V) -> (grad_x (B, T, d_model), grad_embedding (V, d_model) when
+        tied, else None), grads of the projection (none when tied: the model adds grad_embedding
+        to the embedding's)."""
         leading = tuple(range(grad_output.ndim - 1))  # every position: the bias is added to each
-        bias_grads = {} if self.logits_bias is None else {"logits_bias": grad_output.sum(axis=leading)}  # (V,)
+        bias_grads = (
+            {} if self.logits_bias is None else {"logits_bias": grad_output.sum(axis=leading)}
+        )  # (V,)
         if self.proj is None:
             x, embedding = self.saved.x, self.saved.embedding  # (B, T, d_model), (V, d_model)
             # logits = x E^T: dx = dlogits E, dE = dlogits^T x summed over every position
             grad_x = grad_output @ embedding  # (B, T, V) @ (V, d_model) -> (B, T, d_model)
             rows_grad = grad_output.reshape(-1, grad_output.shape[-1])  # (N, V)
-            grad_embedding = rows_grad.T @ x.reshape(-1, x.shape[-1])  # (V, N) @ (N, d_model) -> (V, d_model)
+            # (V, N) @ (N, d_model) -> (V, d_model)
+            grad_embedding = rows_grad.T @ x.reshape(-1, x.shape[-1])
             return (grad_x, grad_embedding), bias_grads
         grad_x, proj_grads = self.proj.backward(grad_output)  # (B, T, d_model)
         return (grad_x, None), with_prefix("proj", proj_grads) | bias_grads
@@ -85,24 +91,42 @@ class Transformer(Module):
         if src_mask is None:
             src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
         x = self.src_embed(src_ids)  # (B, T_src, d_model)
-        return self.encoder(x, src_mask, need_weights, need_hidden_states)  # (B, T_src, d_model), ...
+        # (B, T_src, d_model), hidden states, attention weights
+        return self.encoder(x, src_mask, need_weights, need_hidden_states)
 
-    def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
+    def decode(
+        self,
+        tgt_ids,
+        memory,
+        tgt_mask=None,
+        memory_mask=None,
+        need_weights=False,
+        need_hidden_states=False,
+    ):
         """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights."""
         if tgt_mask is None:
             tgt_mask = make_target_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
         x = self.tgt_embed(tgt_ids)  # (B, T_tgt, d_model)
-        return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)  # (B, T_tgt, d), ...
+        # (B, T_tgt, d_model), hidden states, self and cross weights
+        return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)
 
-    def check_inputs(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None) -> tuple:
+    def check_inputs(
+        self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None
+    ) -> tuple:
         """Every input, checked in the order the forward meets them -> the same inputs as this
         backend's arrays (lists, tuples and other frameworks' arrays converted)."""
-        src_ids = token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len, self)  # (B, T_src)
-        tgt_ids = token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len, self)  # (B, T_tgt)
+        src_ids = token_ids(
+            "src_ids", src_ids, self.config.src_vocab_size, self.config.max_len, self
+        )  # (B, T_src)
+        tgt_ids = token_ids(
+            "tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len, self
+        )  # (B, T_tgt)
         (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
-        src_mask = attention_mask("src_mask", src_mask, (b_src, heads, t_src, t_src), self)  # the encoder's
-        tgt_mask = attention_mask("tgt_mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt), self)  # the decoder's
-        memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
+        # the encoder's self-attention mask, then the decoder's
+        src_mask = attention_mask("src_mask", src_mask, (b_src, heads, t_src, t_src), self)
+        tgt_mask = attention_mask("tgt_mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt), self)
+        memory_shape = (b_src, t_src, self.config.d_model)
+        x_shape = (b_tgt, t_tgt, self.config.d_model)
         check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
         memory_mask = attention_mask("memory_mask", memory_mask, (b_tgt, heads, t_tgt, t_src), self)
         return src_ids, tgt_ids, src_mask, tgt_mask, memory_mask
@@ -146,13 +170,15 @@ class Transformer(Module):
         parameter, named as in ``param_schema``). The forward pass, run backwards."""
         # (B, T_tgt, d_model), and (tgt_vocab, d_model) when the output is tied to the target table
         (grad_x, grad_tied), generator_grads = self.generator.backward(grad_logits)
-        # (B, T_tgt, d_model), (B, T_src, d_model): the memory's gradient summed over the decoder layers
+        # the memory's gradient is summed over the decoder layers
+        # (B, T_tgt, d_model), (B, T_src, d_model)
         (grad_x, grad_memory), decoder_grads = self.decoder.backward(grad_x)
         _, tgt_embed_grads = self.tgt_embed.backward(grad_x)  # (tgt_vocab, d_model), ...
         grad_x, encoder_grads = self.encoder.backward(grad_memory)  # (B, T_src, d_model)
         _, src_embed_grads = self.src_embed.backward(grad_x)  # (src_vocab, d_model), ...
-        if grad_tied is not None:  # tied output: the target table was used twice, its gradients add up
-            tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied  # (tgt_vocab, d_model)
+        if grad_tied is not None:  # tied output: the target table was used twice
+            # so its gradients add up: (tgt_vocab, d_model)
+            tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied
         grads = (
             with_prefix("src_embed", src_embed_grads)
             | with_prefix("encoder", encoder_grads)
@@ -211,8 +237,9 @@ class TransformerLM(Module):
         (grad_x, grad_tied), generator_grads = self.generator.backward(grad_logits)
         (grad_x, _), decoder_grads = self.decoder.backward(grad_x)  # (B, T, d_model), no memory
         _, tgt_embed_grads = self.tgt_embed.backward(grad_x)  # (tgt_vocab, d_model), ...
-        if grad_tied is not None:  # tied output: the table was used twice, its gradients add up
-            tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied  # (tgt_vocab, d_model)
+        if grad_tied is not None:  # tied output: the table was used twice
+            # so its gradients add up: (tgt_vocab, d_model)
+            tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied
         grads = (
             with_prefix("tgt_embed", tgt_embed_grads)
             | with_prefix("decoder", decoder_grads)
@@ -257,7 +284,9 @@ class TransformerEncoderModel(Module):
             if token_type_ids is not None:
                 check_no_token_types()
         elif token_type_ids is not None:  # None becomes zeros: always in range
-            token_type_ids = token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None, self)
+            token_type_ids = token_ids(
+                "token_type_ids", token_type_ids, self.config.type_vocab_size, None, self
+            )
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
         batch, seq_len = ids.shape
         mask = attention_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len), self)
@@ -278,7 +307,9 @@ class TransformerEncoderModel(Module):
             self.src_embed(ids, token_type_ids), mask, return_attentions, return_hidden_states
         )  # (B, T, d_model), ...
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, d_model)
-        return ModelOutput(last_hidden_state=x, hidden_states=hidden, attentions=attentions, pooler_output=pooled)
+        return ModelOutput(
+            last_hidden_state=x, hidden_states=hidden, attentions=attentions, pooler_output=pooled
+        )
 
 
 MODEL_CLASSES = {
