@@ -63,7 +63,7 @@ class Embeddings(Module):
             self.position = SinusoidalPositionalEncoding(config, dtype)
         elif config.positional == "learned":
             self.position = LearnedPositionalEmbedding(config, dtype)
-        else:  # differs: nnx-static-none (NNX makes an attribute first set to None static)
+        else:  # an optional submodule is set once, in every branch (Flax NNX needs that)
             self.position = None
         self.token_type = (
             TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype)

@@ -63,11 +63,12 @@ class Embeddings(Module):
         self.vocab_size = vocab_size
         self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
         # "rotary": in the attention; "none": a bag of words (permutation-equivariant)
-        self.position = None
         if config.positional == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(config, dtype)
         elif config.positional == "learned":
             self.position = LearnedPositionalEmbedding(config, dtype)
+        else:  # an optional submodule is set once, in every branch (Flax NNX needs that)
+            self.position = None
         self.token_type = (
             TokenEmbedding(config.type_vocab_size, config.d_model, False, dtype)
             if config.type_vocab_size

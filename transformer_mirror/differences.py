@@ -110,7 +110,4 @@ REASONS: dict[str, str] = {
     "(compute_in_bf16 / in_compute_dtype, mixed_precision_logits, mixed_precision_loss_and_grads), and "
     "each training.loss_and_grads takes compute_dtype and turns to it; the loss is float32 in all three "
     "(transformer_run.mixed_precision has the policies, the budgets and where they differ).",
-    "nnx-static-none": "Flax NNX marks an attribute first set to None as static and refuses a module in it "
-    "later, so an optional submodule is assigned once, in every branch; NumPy and torch set it to None "
-    "first and maybe replace it.",
 }
