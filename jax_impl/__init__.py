@@ -1,4 +1,5 @@
-"""The Transformer in JAX + Flax NNX (float32, or float64 with jax_enable_x64): a translation of numpy_impl."""
+"""The Transformer in JAX + Flax NNX (float32, or float64 with jax_enable_x64): a translation
+of numpy_impl."""
 
 import jax
 
@@ -40,7 +41,14 @@ from .masks import (
     make_padding_mask,
     make_target_mask,
 )
-from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM
+from .model import (
+    MODEL_CLASSES,
+    Generator,
+    Pooler,
+    Transformer,
+    TransformerEncoderModel,
+    TransformerLM,
+)
 from .optim import Adam
 from .params import build_model, from_params, load_model, to_params
 from .positional import (

@@ -49,10 +49,12 @@ def masked_softmax(scores: Array, mask: Array | None) -> Array:
     if mask is not None:
         scores = jnp.where(mask, scores, -math.inf)  # (..., T_q, T_k)
     row_max = scores.max(axis=-1, keepdims=True)  # (..., T_q, 1); -inf where nothing is allowed
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1): subtracting the max avoids overflow
+    # subtracting the row max avoids overflow; a row with nothing allowed subtracts 0
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1)
     exp = jnp.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
     total = exp.sum(axis=-1, keepdims=True)  # (..., T_q, 1)
-    return exp / jnp.where(total > 0, total, 1.0)  # (..., T_q, T_k): empty rows: 0 / 1 = 0, not 0 / 0
+    # an empty row divides by 1: 0 / 1 = 0, not 0 / 0
+    return exp / jnp.where(total > 0, total, 1.0)  # (..., T_q, T_k)
 
 
 def scaled_dot_product_attention(
@@ -107,7 +109,8 @@ class KeyValueCache:
     def update(self, k: Array | None, v: Array | None, position: Position) -> tuple[Array, Array]:
         """The keys and values (B, H_kv, T_new, d_k) of positions position .. position + T_new - 1
         -> those of every position so far, the new ones kept for the next step. None: nothing
-        new (cross-attention: the cache holds the memory's, projected once, before the first step)."""
+        new (cross-attention: the cache holds the memory's, projected once, before the first
+        step)."""
         if k is not None:
             self.k = append_to_cache(self.k, k, position, axis=2)  # (B, H_kv, T_cache, d_k)
             self.v = append_to_cache(self.v, v, position, axis=2)  # (B, H_kv, T_cache, d_k)
@@ -118,7 +121,9 @@ class KeyValueCache:
         return (self.k, self.v), None
 
     @classmethod
-    def tree_unflatten(cls, _: None, arrays: tuple[Array, Array]) -> KeyValueCache:  # differs: jax-pytree
+    def tree_unflatten(
+        cls, _: None, arrays: tuple[Array, Array]
+    ) -> KeyValueCache:  # differs: jax-pytree
         return cls(*arrays)
 
 
@@ -134,8 +139,8 @@ def append_to_cache(cached: Array, new: Array, position: Position, axis: int) ->
     the query's). ``dynamic_update_slice`` clamps a start past the end instead of raising, so
     JAX's caller checks the position eagerly.
     """
-    # differs: jit-static-shapes
-    return jax.lax.dynamic_update_slice_in_dim(cached, new, position, axis=axis)  # (B, H, max_len, d_k) as cached
+    # (B, H, max_len, d_k) as cached; differs: jit-static-shapes
+    return jax.lax.dynamic_update_slice_in_dim(cached, new, position, axis=axis)
 
 
 class NoRotation(Module):
@@ -161,9 +166,11 @@ class MultiHeadAttention(Module):
     def __init__(self, config: Config, dtype: str = "float32", rotary: bool | None = None):
         super().__init__()
         self.config = config
-        self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.num_kv_heads, config.d_k
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.d_k = config.d_k
         self.groups = config.num_heads // config.num_kv_heads  # query heads per key/value head
-        d_q, d_kv, bias = config.num_heads * config.d_k, config.num_kv_heads * config.d_k, config.attention_bias
+        d_q, d_kv = config.num_heads * config.d_k, config.num_kv_heads * config.d_k
+        bias = config.attention_bias
         self.w_q = Linear(config.d_model, d_q, bias, dtype)
         self.w_k = Linear(config.d_model, d_kv, bias, dtype)
         self.w_v = Linear(config.d_model, d_kv, bias, dtype)
@@ -175,7 +182,8 @@ class MultiHeadAttention(Module):
 
     def split_heads(self, x: Array) -> Array:
         batch, seq_len, _ = x.shape
-        x = x.reshape(batch, seq_len, -1, self.d_k)  # (B, T, H, d_k): H query or H_kv key/value heads
+        # H query heads, or H_kv key/value heads
+        x = x.reshape(batch, seq_len, -1, self.d_k)  # (B, T, H, d_k)
         return x.swapaxes(1, 2)  # (B, H, T, d_k)
 
     def merge_heads(self, x: Array) -> Array:
@@ -228,7 +236,8 @@ class MultiHeadAttention(Module):
             k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
         record(self, q=q, k=k, v=v)
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, T_k, d_k) each
-        context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k)
+        # (B, H, T_q, d_k), (B, H, T_q, T_k)
+        context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)
         output = self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
         record(self, output=output)
         return output, (weights if need_weights else None)
@@ -244,7 +253,8 @@ class MultiHeadAttention(Module):
 
     def empty_cache(self, batch: int) -> KeyValueCache:
         """The keys and values of no token yet, each (B, H_kv, 0, d_k) in NumPy and torch, grown
-        by ``update``; in JAX a fixed-size buffer of (B, H_kv, max_len, d_k) zeros it writes into."""
+        by ``update``; in JAX a fixed-size buffer of (B, H_kv, max_len, d_k) zeros it writes
+        into."""
         empty = jnp.zeros(
             (batch, self.num_kv_heads, self.config.max_len, self.d_k), self.w_k.kernel[...].dtype
         )  # (B, H_kv, max_len, d_k)
@@ -263,10 +273,12 @@ class AttentionHead(Module):
     def __call__(
         self, query: Array, key: Array, value: Array, mask: Array | None = None
     ) -> tuple[Array, Array]:
-        q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k): a head axis of size 1, so 4-D masks broadcast
+        # a head axis of size 1, so 4-D masks broadcast
+        q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k)
         k = self.w_k(key)[:, None]  # (B, 1, T_k, d_k)
         v = self.w_v(value)[:, None]  # (B, 1, T_k, d_k)
-        context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, 1, T_q, d_k), (B, 1, T_q, T_k)
+        # (B, 1, T_q, d_k), (B, 1, T_q, T_k)
+        context, weights = scaled_dot_product_attention(q, k, v, mask)
         return context[:, 0], weights[:, 0]  # (B, T_q, d_k), (B, T_q, T_k)
 
 
@@ -297,7 +309,8 @@ class MultiHeadAttentionLoop(Module):
         need_weights: bool = False,
     ) -> tuple[Array, Array | None]:
         check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
-        outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
+        # H x ((B, T_q, d_k), (B, T_q, T_k))
+        outputs = [head(query, key, value, mask) for head in self.heads]
         context = jnp.concatenate([c for c, _ in outputs], axis=-1)  # (B, T_q, d_model)
         weights = jnp.stack([w for _, w in outputs], axis=1)  # (B, H, T_q, T_k)
         return self.w_o(context), (weights if need_weights else None)  # (B, T_q, d_model), weights

@@ -1,5 +1,6 @@
-"""Reads shapes, dtypes and id ranges off JAX arrays for transformer_spec.checks, and makes what a
-model is given (its own arrays, lists, tuples, other frameworks' arrays) the arrays it computes with.
+"""Reads shapes, dtypes and id ranges off JAX arrays for transformer_spec.checks, and makes
+what a model is given (its own arrays, lists, tuples, other frameworks' arrays) the arrays it
+computes with.
 
 Shapes and dtypes are static in JAX: they are known while ``jax.jit`` traces a
 function, so those checks run (and raise) at trace time exactly as in NumPy. The
@@ -30,14 +31,15 @@ def check_token_ids(
 
 def check_mask(name: str, mask: jax.Array | None, expected: tuple[int, ...]) -> None:
     if mask is not None:
-        checks.check_mask(name, mask.shape, checks.dtype_name(mask), checks.dtype_name(mask) == "bool", expected)
+        dtype = checks.dtype_name(mask)
+        checks.check_mask(name, mask.shape, dtype, dtype == "bool", expected)
 
 
 def readable(name: str, x: Any) -> jax.Array | np.ndarray | None:
-    """``x`` as an array whose shape, dtype and values the checks can read: this backend's own array
-    as it is; a list, a tuple or another framework's array as ``np.asarray`` reads it, on the host.
-    It stays there until checked: without ``jax_enable_x64``, ``jnp.asarray`` would wrap int64 ids
-    to int32 and call a float64 mask float32."""
+    """``x`` as an array whose shape, dtype and values the checks can read: this backend's own
+    array as it is; a list, a tuple or another framework's array as ``np.asarray`` reads it, on
+    the host. It stays there until checked: without ``jax_enable_x64``, ``jnp.asarray`` would
+    wrap int64 ids to int32 and call a float64 mask float32."""
     if x is None or isinstance(x, jax.Array):
         return x
     return checks.host_array(name, x)
@@ -49,7 +51,12 @@ def to_backend(x: jax.Array | np.ndarray | None, model: Any) -> jax.Array | None
 
 
 def token_ids(
-    name: str, ids: Any, vocab_size: int, max_len: int | None, model: Any, offset: int | jax.Array = 0
+    name: str,
+    ids: Any,
+    vocab_size: int,
+    max_len: int | None,
+    model: Any,
+    offset: int | jax.Array = 0,
 ) -> jax.Array:
     """ids as the model's lookup takes them, checked: every integer dtype, not bool."""
     if checks.caller_checked():  # a model checked and converted them at its entry
@@ -59,17 +66,22 @@ def token_ids(
     return to_backend(ids, model)  # (B, T)
 
 
-def attention_mask(name: str, mask: Any, expected: tuple[int, ...], model: Any) -> jax.Array | None:
-    """A mask (True = may attend) as the model takes it, checked against the scores' shape ``expected``."""
+def attention_mask(
+    name: str, mask: Any, expected: tuple[int, ...], model: Any
+) -> jax.Array | None:
+    """A mask (True = may attend) as the model takes it, checked against the scores' shape
+    ``expected``."""
     mask = readable(name, mask)  # (B|1, H|1, T_q|1, T_k) or None
     check_mask(name, mask, expected)
     return to_backend(mask, model)
 
 
-def check_float_inputs(names: tuple[str, ...], arrays: tuple[jax.Array, ...], module: Any = None) -> None:
-    """A component's float inputs in one dtype, and that of the module's weights (``module``; None for a
-    function): refused otherwise, where NumPy would promote to float64, JAX cast to the weights'
-    dtype and torch fail inside a matmul."""
+def check_float_inputs(
+    names: tuple[str, ...], arrays: tuple[jax.Array, ...], module: Any = None
+) -> None:
+    """A component's float inputs in one dtype, and that of the module's weights (``module``;
+    None for a function): refused otherwise, where NumPy would promote to float64, JAX cast to
+    the weights' dtype and torch fail inside a matmul."""
     if checks.caller_checked():
         return
     weights = None if module is None else weights_dtype(module)

@@ -82,8 +82,12 @@ def data_parallel_train(
     replicate(optimizer.optimizer, mesh)  # Adam's moments and counts, like the weights
     sharded = [shard_batch(batch, mesh) for batch in batches]  # placed once, read every pass
     try:
-        step = train_step if compute_dtype is None else functools.partial(train_step, compute_dtype=compute_dtype)
-        return train_loop(model, optimizer, step, seed_dropout, sharded, steps, label_smoothing, callback, seed)
+        step = train_step
+        if compute_dtype is not None:
+            step = functools.partial(train_step, compute_dtype=compute_dtype)
+        return train_loop(
+            model, optimizer, step, seed_dropout, sharded, steps, label_smoothing, callback, seed
+        )
     finally:
         gather(model)
 
@@ -97,19 +101,25 @@ def data_parallel_mesh(data_parallel: int) -> jax.sharding.Mesh:
         devices = jax.devices("cpu")
     if len(devices) < data_parallel:
         raise ValueError(
-            f"data_parallel {data_parallel} needs that many devices; JAX sees {len(devices)}: on a CPU set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={data_parallel} before importing jax"
+            f"data_parallel {data_parallel} needs that many devices; JAX sees {len(devices)}: "
+            f"on a CPU set XLA_FLAGS=--xla_force_host_platform_device_count={data_parallel} "
+            "before importing jax"
         )
-    return jax.make_mesh((data_parallel,), ("data",), axis_types=(AxisType.Auto,), devices=devices[:data_parallel])
+    return jax.make_mesh(
+        (data_parallel,), ("data",), axis_types=(AxisType.Auto,), devices=devices[:data_parallel]
+    )
 
 
 def shard_batch(batch: Mapping[str, Any], mesh: jax.sharding.Mesh) -> dict:
-    """Each array of ``batch`` split by rows over the mesh's ``data`` axis: device r holds rank r's rows."""
-    return {key: jax.device_put(np.asarray(x), NamedSharding(mesh, P("data"))) for key, x in batch.items()}
+    """Each array of ``batch`` split by rows over the mesh's ``data`` axis: device r holds
+    rank r's rows."""
+    rows = NamedSharding(mesh, P("data"))
+    return {key: jax.device_put(np.asarray(x), rows) for key, x in batch.items()}
 
 
 def replicate(module: nnx.Module | nnx.Optimizer, mesh: jax.sharding.Mesh) -> None:
-    """Every array of ``module`` (weights, buffers, random streams, Adam's state) copied to every device."""
+    """Every array of ``module`` (weights, buffers, random streams, Adam's state) copied to
+    every device."""
     nnx.update(module, jax.device_put(nnx.state(module), NamedSharding(mesh, P())))
 
 

@@ -18,10 +18,11 @@ multiple of ``CACHE_BLOCK`` positions (at most ``config.max_len``), so that call
 lengths share one compiled step. ``initial_cache`` and ``decode_step`` are compiled with
 ``jax.jit``: once per (model structure, number of running sequences, source or prompt shape,
 cache size), not once per step, since the position is a traced value. The cost: every step
-attends over all the buffer's slots (those not written yet are masked out). The ids and positions are checked
-eagerly before each compiled call, as the models' ``__call__`` does. The uncached stepper
-calls the model's jit-compiled ``__call__`` on a prefix one token longer at every step: a
-new shape, so one compilation per length (JAX keeps them for later calls of that shape).
+attends over all the buffer's slots (those not written yet are masked out). The ids and
+positions are checked eagerly before each compiled call, as the models' ``__call__`` does. The
+uncached stepper calls the model's jit-compiled ``__call__`` on a prefix one token longer at
+every step: a new shape, so one compilation per length (JAX keeps them for later calls of that
+shape).
 
 What ``src_ids`` and ``bos`` mean:
 
@@ -92,7 +93,8 @@ def make_step_mask(keep: Array, position: int | Array, num_new: int) -> Array:
     key_positions = jnp.arange(keep.shape[1])  # (T_cache,) = (max_len,)
     query_positions = position + jnp.arange(num_new)  # (T_new,)
     causal = key_positions[None, :] <= query_positions[:, None]  # (T_new, T_cache)
-    return keep[:, None, None, :] & causal[None, None]  # (N, 1, 1, T_cache) & (1, 1, T_new, T_cache)
+    # (N, 1, 1, T_cache) & (1, 1, T_new, T_cache) -> (N, 1, T_new, T_cache)
+    return keep[:, None, None, :] & causal[None, None]
 
 
 CACHE_BLOCK = 128  # cache sizes are multiples of this: one compiled step serves many lengths
@@ -110,16 +112,23 @@ def initial_cache(  # differs: jit-static-shapes
     if model.config.decoder_has_cross_attention:
         memory, _, _ = model.encode(src_ids)  # (N, T_src, d_model)
         memory_mask = make_cross_attention_mask(src_ids, model.config.pad_id)  # (N, 1, 1, T_src)
-    cache = model.decoder.empty_cache(batch, memory)  # self-attention buffers of config.max_len positions
+    # self-attention buffers of config.max_len positions
+    cache = model.decoder.empty_cache(batch, memory)
     # the first ``length`` of them: under jit, XLA allocates only these zeros
     cache = tuple(
-        layer._replace(self_attn=KeyValueCache(layer.self_attn.k[:, :, :length], layer.self_attn.v[:, :, :length]))
+        layer._replace(
+            self_attn=KeyValueCache(
+                layer.self_attn.k[:, :, :length], layer.self_attn.v[:, :, :length]
+            )
+        )
         for layer in cache
     )  # (N, H_kv, length, d_k) each
     return cache, keep, memory_mask
 
 
-def cache_length(config: Any, prompt_length: int, max_new: int | None) -> int:  # differs: jit-static-shapes
+def cache_length(  # differs: jit-static-shapes
+    config: Any, prompt_length: int, max_new: int | None
+) -> int:
     """Positions the cache needs for the prompt and ``max_new`` steps, rounded up to a multiple
     of CACHE_BLOCK, at most config.max_len (None: config.max_len)."""
     if max_new is None:
@@ -142,13 +151,16 @@ def decode_step(
     ``project=False`` (a prompt filling the cache): no logits (None), the output projection
     to the vocabulary skipped."""
     fed = tokens != model.config.pad_id  # (N, T_new): padding is hidden from later queries
-    if model.config.decoder_has_cross_attention:  # but never the decoder's start token (as make_target_mask)
+    # but never the decoder's start token (as make_target_mask)
+    if model.config.decoder_has_cross_attention:
         fed = fed | (position + jnp.arange(tokens.shape[1]) == 0)  # (N, T_new)
     keep = append_to_cache(keep, fed, position, axis=1)  # (N, T_cache)
     tgt_mask = make_step_mask(keep, position, tokens.shape[1])  # (N, 1, T_new, T_cache)
     x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
     with inputs_checked():  # the step's tokens and position are checked: the layers trust them
-        x, _, _, _ = model.decoder(x, None, tgt_mask, memory_mask, cache=cache, position=position)  # (N, T_new, d)
+        x, _, _, _ = model.decoder(
+            x, None, tgt_mask, memory_mask, cache=cache, position=position
+        )  # (N, T_new, d_model)
         if not project:
             return None, cache, keep
         logits = model.generator(x, model.tgt_embed.token.weight[...])  # (N, T_new, V)
@@ -173,12 +185,15 @@ class CachedStepper:
         self.model = model
 
     def start(self, src_ids: np.ndarray, max_new: int | None = None) -> DecodingState:
-        """``max_new``: the steps to come; the cache reserves room for them (see ``cache_length``)."""
+        """``max_new``: the steps to come; the cache reserves room for them (``cache_length``)."""
         # differs: jax-jit
         config = self.model.config
         src_ids = _to_device(self.model, src_ids)  # (N, T_src), or the prompt (N, P)
-        vocab = config.src_vocab_size if config.decoder_has_cross_attention else config.tgt_vocab_size
-        if src_ids.shape[1]:  # eagerly, on the concrete ids: the compiled code cannot look at values
+        vocab = (
+            config.src_vocab_size if config.decoder_has_cross_attention else config.tgt_vocab_size
+        )
+        # eagerly, on the concrete ids: the compiled code cannot look at values
+        if src_ids.shape[1]:
             check_token_ids("ids", src_ids, vocab, config.max_len)
         prompt = 0 if config.decoder_has_cross_attention else src_ids.shape[1]
         length = cache_length(config, prompt, max_new)
@@ -186,19 +201,26 @@ class CachedStepper:
         if config.decoder_has_cross_attention or src_ids.shape[1] == 0:
             return DecodingState(cache, keep, memory_mask, 0)
         # decoder-only: the prompt, all of it in one call, fills the cache at positions 0 .. P - 1
-        _, cache, keep = _jit_decode_step(self.model, src_ids, cache, keep, None, 0, False)  # None, ...
+        _, cache, keep = _jit_decode_step(
+            self.model, src_ids, cache, keep, None, 0, False
+        )  # None, ...
         return DecodingState(cache, keep, None, src_ids.shape[1])
 
-    def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:
+    def step(
+        self, state: DecodingState, tokens: np.ndarray, position: int
+    ) -> tuple[np.ndarray, DecodingState]:
         check_position(position, state.offset, self.model.config.max_len)
         tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
         # differs: jax-jit
         config = self.model.config
-        check_token_ids("ids", tokens, config.tgt_vocab_size, config.max_len, state.offset + position)  # eagerly
-        if state.offset + position >= state.keep.shape[1]:  # the buffer would clamp the write silently
+        check_token_ids(
+            "ids", tokens, config.tgt_vocab_size, config.max_len, state.offset + position
+        )  # eagerly
+        # the buffer would clamp the write silently
+        if state.offset + position >= state.keep.shape[1]:
             raise ValueError(
-                f"position {state.offset + position} is past the cache's {state.keep.shape[1]} positions: "
-                "start the stepper with a larger max_new"
+                f"position {state.offset + position} is past the cache's "
+                f"{state.keep.shape[1]} positions: start the stepper with a larger max_new"
             )
         logits, cache, keep = _jit_decode_step(
             self.model, tokens, state.cache, state.keep, state.memory_mask, state.offset + position
@@ -221,16 +243,21 @@ class UncachedStepper:
         src_ids = _to_device(self.model, src_ids)  # (N, T_src)
         return PrefixState(src_ids, jnp.zeros((src_ids.shape[0], 0), src_ids.dtype))  # (N, 0)
 
-    def step(self, state: PrefixState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, PrefixState]:
+    def step(
+        self, state: PrefixState, tokens: np.ndarray, position: int
+    ) -> tuple[np.ndarray, PrefixState]:
         if state.tgt_ids.shape[1] != position:
             raise ValueError(
-                f"{state.tgt_ids.shape[1]} tokens were fed so far, but the next is for position {position}"
+                f"{state.tgt_ids.shape[1]} tokens were fed so far, "
+                f"but the next is for position {position}"
             )
-        tgt_ids = jnp.concatenate([state.tgt_ids, _to_device(self.model, tokens)[:, None]], axis=1)  # (N, position + 1)
+        tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
+        tgt_ids = jnp.concatenate([state.tgt_ids, tokens], axis=1)  # (N, position + 1)
         if self.model.config.decoder_has_cross_attention:
             logits = self.model(state.src_ids, tgt_ids).logits  # (N, position + 1, V)
         else:
-            logits = self.model(jnp.concatenate([state.src_ids, tgt_ids], axis=1)).logits  # (N, P + position + 1, V)
+            prefix = jnp.concatenate([state.src_ids, tgt_ids], axis=1)  # (N, P + position + 1)
+            logits = self.model(prefix).logits  # (N, P + position + 1, V)
         return _to_host(logits[:, -1]), PrefixState(state.src_ids, tgt_ids)  # (N, V)
 
     def reorder(self, state: PrefixState, rows: np.ndarray) -> PrefixState:
@@ -244,7 +271,9 @@ def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedSte
     return CachedStepper(model) if cached else UncachedStepper(model)
 
 
-def greedy(model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True) -> np.ndarray:
+def greedy(
+    model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True
+) -> np.ndarray:
     """Greedy decoding (``transformer_run.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
     from ``bos``, padded after ``eos``; see the module docstring."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
@@ -262,10 +291,13 @@ def beam(
     length_penalty: float = 1.0,
     cached: bool = True,
 ) -> BeamResult:
-    """Beam search (``transformer_run.decoding.beam_search``) -> the best hypothesis per row and its score."""
+    """Beam search (``transformer_run.decoding.beam_search``) -> the best hypothesis per row and
+    its score."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
-    return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
+    return beam_search(
+        stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id
+    )
 
 
 def sample(
@@ -284,7 +316,9 @@ def sample(
     (``transformer_run.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
-    return sample_decode(stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id)
+    return sample_decode(
+        stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id
+    )
 
 
 def _to_device(model: Any, ids: np.ndarray) -> Array:

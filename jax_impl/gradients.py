@@ -23,7 +23,10 @@ from .params import to_params
 
 
 def loss_and_grads(
-    model: nnx.Module, batch: Mapping[str, Any], label_smoothing: float = 0.0, compute_dtype: str | None = None
+    model: nnx.Module,
+    batch: Mapping[str, Any],
+    label_smoothing: float = 0.0,
+    compute_dtype: str | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the cross-entropy of ``batch``, {canonical parameter name: gradient as a NumPy array}).
 
@@ -45,7 +48,8 @@ def loss_and_grads(
     # Differentiates with respect to the model's nnx.Params (not its Buffers, e.g. the
     # sinusoidal table). A tied table is one Param used twice; jax.grad adds both uses.
     loss, grads = nnx.value_and_grad(loss_fn)(model)  # grads: an nnx.State shaped like the Params
-    # The gradient State has the model's structure: merged into a copy of the model in place
-    # of its Params, it reads out through to_params like weights (canonical names, kernel -> weight).
+    # The gradient State has the model's structure: merged into a copy of the model in
+    # place of its Params, it reads out through to_params like weights (canonical names,
+    # kernel -> weight).
     graphdef, _, others = nnx.split(model, nnx.Param, ...)
     return float(loss), to_params(nnx.merge(graphdef, grads, others))

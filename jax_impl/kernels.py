@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from transformer_spec.kernels import fusable_in, fused_kernels, fused_kernels_enabled, use_fused_kernels
+from transformer_spec.kernels import (
+    fusable_in,
+    fused_kernels,
+    fused_kernels_enabled,
+    use_fused_kernels,
+)
 
 __all__ = ["KERNELS", "fusable", "fused_kernels", "fused_kernels_enabled", "use_fused_kernels"]
 

@@ -26,7 +26,9 @@ from transformer_spec.checks import check_loss_inputs
 from .checks import check_token_ids
 
 
-def cross_entropy(logits: Array, targets: Array, pad_id: int, label_smoothing: float = 0.0) -> Array:
+def cross_entropy(
+    logits: Array, targets: Array, pad_id: int, label_smoothing: float = 0.0
+) -> Array:
     """logits (B, T, V), targets (B, T) -> the mean loss over non-pad targets, a 0-d array."""
     check_loss_inputs(logits.shape, targets.shape, label_smoothing)
     check_token_ids("targets", targets, logits.shape[-1], None)
@@ -34,7 +36,8 @@ def cross_entropy(logits: Array, targets: Array, pad_id: int, label_smoothing: f
     # overflow. The shift is a constant (stop_gradient): no gradient flows through the max.
     shifted = logits - jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True))  # (B, T, V)
     log_probs = shifted - jnp.log(jnp.exp(shifted).sum(axis=-1, keepdims=True))  # (B, T, V)
-    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # (B, T): -log p(target)
+    # -log p(target)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # (B, T)
     smooth = -log_probs.mean(axis=-1)  # (B, T): -mean over the vocabulary of log p
     per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth  # (B, T)
     real = targets != pad_id  # (B, T): positions that count

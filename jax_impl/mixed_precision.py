@@ -30,20 +30,25 @@ from .params import to_params
 
 
 def in_compute_dtype(model: nnx.Module, compute_dtype: str = "bfloat16") -> nnx.Module:
-    """A copy of ``model`` computing in ``compute_dtype``: its float parameters and buffers cast (the
-    cast is differentiable: gradients flow back to ``model``'s float32 Params), its nnx.Linear layers'
-    ``dtype`` set. Dropout's random streams are the model's own (``keep_random_streams`` writes them back)."""
+    """A copy of ``model`` computing in ``compute_dtype``: its float parameters and buffers cast
+    (the cast is differentiable: gradients flow back to ``model``'s float32 Params), its
+    nnx.Linear layers' ``dtype`` set. Dropout's random streams are the model's own
+    (``keep_random_streams`` writes them back)."""
     graphdef, state = nnx.split(model)
-    cast = jax.tree.map(lambda x: x.astype(compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+    cast = jax.tree.map(
+        lambda x: x.astype(compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state
+    )
     copy = nnx.merge(graphdef, cast)
     for _, module in nnx.iter_graph(copy):
         if isinstance(module, nnx.Linear):
-            module.dtype = jnp.dtype(compute_dtype)  # Flax's compute dtype: kernel and input cast at each call
+            # Flax's compute dtype: kernel and input cast at each call
+            module.dtype = jnp.dtype(compute_dtype)
     return copy
 
 
 def keep_random_streams(model: nnx.Module, copy: nnx.Module) -> None:
-    """The dropout streams ``copy`` advanced, written back into ``model`` (the next step draws new masks)."""
+    """The dropout streams ``copy`` advanced, written back into ``model`` (the next step draws
+    new masks)."""
     nnx.update(model, nnx.state(copy, nnx.RngState))
 
 
@@ -57,18 +62,24 @@ def _check(model: nnx.Module, compute_dtype: str, policy: str | None) -> None:
 @nnx.jit(static_argnames=("compute_dtype",))
 def _logits(model, inputs: tuple, compute_dtype: str) -> jax.Array:
     with inputs_checked():  # mixed_precision_logits checked them eagerly, before this jit
-        return in_compute_dtype(model, compute_dtype)(*inputs).logits.astype(jnp.float32)  # (B, T, V)
+        copy = in_compute_dtype(model, compute_dtype)
+        return copy(*inputs).logits.astype(jnp.float32)  # (B, T, V)
 
 
-def mixed_precision_logits(model, *inputs, compute_dtype: str = "bfloat16", policy: str | None = None) -> np.ndarray:
-    """The model's logits (float32, as a NumPy array) on ``inputs``, computed in ``compute_dtype``."""
+def mixed_precision_logits(
+    model, *inputs, compute_dtype: str = "bfloat16", policy: str | None = None
+) -> np.ndarray:
+    """The model's logits (float32, as a NumPy array) on ``inputs``, computed in
+    ``compute_dtype``."""
     _check(model, compute_dtype, policy)
     checked = model.check_inputs(*inputs)  # eagerly: inside jit the ids' values are unknown
     return np.asarray(_logits(model, checked, compute_dtype))
 
 
 @nnx.jit(static_argnames=("label_smoothing", "compute_dtype"))
-def _loss_and_grads(model, inputs: tuple, targets: jax.Array, label_smoothing: float, compute_dtype: str):
+def _loss_and_grads(
+    model, inputs: tuple, targets: jax.Array, label_smoothing: float, compute_dtype: str
+):
     def loss_fn(model):
         copy = in_compute_dtype(model, compute_dtype)
         with inputs_checked():

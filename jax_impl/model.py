@@ -43,8 +43,8 @@ class Generator(Module):
 
     def __init__(self, config: Config, dtype: str = "float32"):
         super().__init__()
-        self.proj = None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, config.bias, dtype)
         vocab = config.tgt_vocab_size
+        self.proj = None if config.tie_output else Linear(config.d_model, vocab, config.bias, dtype)
         bias = parameter((vocab,), dtype) if config.final_logits_bias else None  # (V,)
         self.logits_bias = bias
 
@@ -80,24 +80,42 @@ class Transformer(Module):
         if src_mask is None:
             src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
         x = self.src_embed(src_ids)  # (B, T_src, d_model)
-        return self.encoder(x, src_mask, need_weights, need_hidden_states)  # (B, T_src, d_model), ...
+        # (B, T_src, d_model), hidden states, attention weights
+        return self.encoder(x, src_mask, need_weights, need_hidden_states)
 
-    def decode(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, need_weights=False, need_hidden_states=False):
+    def decode(
+        self,
+        tgt_ids,
+        memory,
+        tgt_mask=None,
+        memory_mask=None,
+        need_weights=False,
+        need_hidden_states=False,
+    ):
         """(B, T_tgt) + memory -> (B, T_tgt, d_model), hidden states, self and cross weights."""
         if tgt_mask is None:
             tgt_mask = make_target_mask(tgt_ids, self.config.pad_id)  # (B, 1, T_tgt, T_tgt)
         x = self.tgt_embed(tgt_ids)  # (B, T_tgt, d_model)
-        return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)  # (B, T_tgt, d), ...
+        # (B, T_tgt, d_model), hidden states, self and cross weights
+        return self.decoder(x, memory, tgt_mask, memory_mask, need_weights, need_hidden_states)
 
-    def check_inputs(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None) -> tuple:
+    def check_inputs(
+        self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, memory_mask=None
+    ) -> tuple:
         """Every input, checked in the order the forward meets them -> the same inputs as this
         backend's arrays (lists, tuples and other frameworks' arrays converted)."""
-        src_ids = token_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len, self)  # (B, T_src)
-        tgt_ids = token_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len, self)  # (B, T_tgt)
+        src_ids = token_ids(
+            "src_ids", src_ids, self.config.src_vocab_size, self.config.max_len, self
+        )  # (B, T_src)
+        tgt_ids = token_ids(
+            "tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len, self
+        )  # (B, T_tgt)
         (b_src, t_src), (b_tgt, t_tgt), heads = src_ids.shape, tgt_ids.shape, self.config.num_heads
-        src_mask = attention_mask("src_mask", src_mask, (b_src, heads, t_src, t_src), self)  # the encoder's
-        tgt_mask = attention_mask("tgt_mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt), self)  # the decoder's
-        memory_shape, x_shape = (b_src, t_src, self.config.d_model), (b_tgt, t_tgt, self.config.d_model)
+        # the encoder's self-attention mask, then the decoder's
+        src_mask = attention_mask("src_mask", src_mask, (b_src, heads, t_src, t_src), self)
+        tgt_mask = attention_mask("tgt_mask", tgt_mask, (b_tgt, heads, t_tgt, t_tgt), self)
+        memory_shape = (b_src, t_src, self.config.d_model)
+        x_shape = (b_tgt, t_tgt, self.config.d_model)
         check_same_batch(("memory", "x"), (memory_shape, x_shape))  # the decoder's cross-attention
         memory_mask = attention_mask("memory_mask", memory_mask, (b_tgt, heads, t_tgt, t_src), self)
         return src_ids, tgt_ids, src_mask, tgt_mask, memory_mask
@@ -215,7 +233,9 @@ class TransformerEncoderModel(Module):
             if token_type_ids is not None:
                 check_no_token_types()
         elif token_type_ids is not None:  # None becomes zeros: always in range
-            token_type_ids = token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size, None, self)
+            token_type_ids = token_ids(
+                "token_type_ids", token_type_ids, self.config.type_vocab_size, None, self
+            )
             check_same_shape(("token_type_ids", "ids"), (token_type_ids.shape, ids.shape))
         batch, seq_len = ids.shape
         mask = attention_mask("mask", mask, (batch, self.config.num_heads, seq_len, seq_len), self)
@@ -236,7 +256,9 @@ class TransformerEncoderModel(Module):
             self.src_embed(ids, token_type_ids), mask, return_attentions, return_hidden_states
         )  # (B, T, d_model), ...
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, d_model)
-        return ModelOutput(last_hidden_state=x, hidden_states=hidden, attentions=attentions, pooler_output=pooled)
+        return ModelOutput(
+            last_hidden_state=x, hidden_states=hidden, attentions=attentions, pooler_output=pooled
+        )
 
 
 MODEL_CLASSES = {

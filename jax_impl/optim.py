@@ -24,7 +24,9 @@ class Adam:
         eps: float = 1e-9,
     ):
         self.model, self.schedule, self.betas, self.eps = model, schedule, betas, eps
-        transform = optax.inject_hyperparams(optax.adam)(learning_rate=schedule(1), b1=betas[0], b2=betas[1], eps=eps)
+        transform = optax.inject_hyperparams(optax.adam)(
+            learning_rate=schedule(1), b1=betas[0], b2=betas[1], eps=eps
+        )
         self.optimizer = nnx.Optimizer(model, transform, wrt=nnx.Param)
         self.t = 0
 
@@ -36,7 +38,8 @@ class Adam:
         return lr
 
     def step(self, grads: nnx.State) -> float:
-        """Apply ``grads`` (an nnx.State shaped like the model's Params); returns the learning rate used."""
+        """Apply ``grads`` (an nnx.State shaped like the model's Params); returns the learning
+        rate used."""
         lr = self.set_learning_rate()
         self.optimizer.update(self.model, grads)
         return lr

@@ -31,9 +31,10 @@ def _check_x64(dtype: str) -> None:  # differs: jax-x64
     # float32, so a float64 model would silently be a float32 one.
     if dtype == "float64" and not jax.config.jax_enable_x64:
         raise TypeError(
-            "float64 weights need JAX's 64-bit mode: call jax.config.update('jax_enable_x64', True) at "
-            "start-up, before any JAX array is created (without it JAX silently truncates float64 to "
-            "float32), or pass dtype='float32'"
+            "float64 weights need JAX's 64-bit mode: call "
+            "jax.config.update('jax_enable_x64', True) at start-up, before any JAX array is "
+            "created (without it JAX silently truncates float64 to float32), or pass "
+            "dtype='float32'"
         )
 
 
@@ -85,7 +86,9 @@ def build_model(
     in ``dtype`` (float32 by default): the same numbers in NumPy, JAX and torch."""
     if params is None:
         params = init_params(config, seed=0, dtype=dtype or "float32")
-    model = from_params(MODEL_CLASSES[config.kind], config, params, dtype, allow_non_finite=allow_non_finite)
+    model = from_params(
+        MODEL_CLASSES[config.kind], config, params, dtype, allow_non_finite=allow_non_finite
+    )
     model.eval()  # (torch's eval returns the model, NNX's returns None)
     return model
 

@@ -50,15 +50,21 @@ def _update(  # differs: jax-jit
         return cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()
 
     loss, grads = nnx.value_and_grad(loss_fn)(model)  # grads: an nnx.State shaped like the Params
-    optimizer.update(model, grads)  # the model's Params change in place (NNX writes the new values back)
+    # the model's Params change in place (NNX writes the new values back)
+    optimizer.update(model, grads)
     return loss
 
 
 def train_step(
-    model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing: float = 0.0, compute_dtype: str | None = None
+    model,
+    optimizer: Adam,
+    batch: Mapping[str, Any],
+    label_smoothing: float = 0.0,
+    compute_dtype: str | None = None,
 ) -> float:
     """One update on ``batch`` (see transformer_run.batches); returns the loss before it.
-    ``compute_dtype="bfloat16"``: the passes in bf16, the weights and Adam in float32 (mixed_precision.py)."""
+    ``compute_dtype="bfloat16"``: the passes in bf16, the weights and Adam in float32
+    (mixed_precision.py)."""
     inputs, targets = split_batch(model.config, batch)
     inputs, targets = tuple(jnp.asarray(x) for x in inputs), jnp.asarray(targets)
     # Inside jit the ids' values are unknown, so they are checked here, eagerly, as compiled() does.
@@ -67,7 +73,8 @@ def train_step(
     optimizer.set_learning_rate()
     if model is optimizer.model:  # the usual case: the cached step (see _cached_update)
         return float(_cached_update(optimizer)(inputs, targets, label_smoothing, compute_dtype))
-    return float(_update(model, optimizer.optimizer, inputs, targets, label_smoothing, compute_dtype))
+    loss = _update(model, optimizer.optimizer, inputs, targets, label_smoothing, compute_dtype)
+    return float(loss)
 
 
 def _cached_update(optimizer: Adam):  # differs: jax-jit
@@ -101,10 +108,13 @@ def train(
     returns the loss of every step. The loop itself (training mode with dropout drawn from
     ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
     ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
-    is ``transformer_run.train``'s. ``compute_dtype="bfloat16"``: mixed precision (mixed_precision.py)."""
+    is ``transformer_run.train``'s. ``compute_dtype="bfloat16"``: mixed precision
+    (mixed_precision.py)."""
     check_compute_dtype(compute_dtype)
     optimizer = Adam(model, schedule)
-    step = train_step if compute_dtype is None else functools.partial(train_step, compute_dtype=compute_dtype)
+    step = train_step
+    if compute_dtype is not None:
+        step = functools.partial(train_step, compute_dtype=compute_dtype)
     return train_loop(
         model, optimizer, step, seed_dropout, batches, steps, label_smoothing, callback, seed,
         resume, checkpoint, checkpoint_every, training_state, restore_training_state,
@@ -132,7 +142,7 @@ def restore_training_state(model, optimizer: Adam, state: TrainingState) -> None
 
 def _adam_moments(optimizer: Adam, name: str) -> tuple[np.ndarray, np.ndarray]:
     # differs: framework-optimizer
-    m, v = _adam_moment_variables(optimizer, name)  # nnx variables in optax's state, like the weight
+    m, v = _adam_moment_variables(optimizer, name)  # optax's nnx variables, like the weight
     return np.array(m[...]), np.array(v[...])
 
 
@@ -144,11 +154,18 @@ def _set_adam_moments(optimizer: Adam, name: str, m: np.ndarray, v: np.ndarray) 
 
 
 def _adam_moment_variables(optimizer: Adam, name: str) -> tuple:  # differs: framework-optimizer
-    """optax's m and v of the weight ``name`` (nnx variables), found by its path in the model's graph."""
+    """optax's m and v of the weight ``name`` (nnx variables), found by its path in the model's
+    graph."""
     parent, leaf = parent_of(optimizer.model, name)
-    path = [int(part) if part.isdigit() else part for part in name.split(".")[:-1]] + [_to_flax_name(parent, leaf)]
+    path = (
+        [int(part) if part.isdigit() else part for part in name.split(".")[:-1]]
+        + [_to_flax_name(parent, leaf)]
+    )
     adam = optimizer.optimizer.opt_state.inner_state[0]  # optax.ScaleByAdamState(count, mu, nu)
-    return tuple(functools.reduce(lambda state, key: state[key], path, moments) for moments in (adam.mu, adam.nu))
+    return tuple(
+        functools.reduce(lambda state, key: state[key], path, moments)
+        for moments in (adam.mu, adam.nu)
+    )
 
 
 def _set_adam_step(optimizer: Adam, step: int) -> None:
@@ -156,7 +173,8 @@ def _set_adam_step(optimizer: Adam, step: int) -> None:
     optimizer.t = step
     # differs: framework-optimizer
     state = optimizer.optimizer.opt_state
-    for count in (optimizer.optimizer.step, state.count, state.inner_state[0].count):  # nnx's, optax's, adam's
+    # nnx's, optax's, adam's
+    for count in (optimizer.optimizer.step, state.count, state.inner_state[0].count):
         count[...] = jnp.asarray(step, dtype=count[...].dtype)
 
 
@@ -165,7 +183,10 @@ def dropout_streams(model) -> list[Any]:
     # differs: dropout-streams
     dropouts = [module for _, module in nnx.iter_graph(model) if isinstance(module, Dropout)]
     return [
-        {"key": np.asarray(jax.random.key_data(d.rngs.key[...])).tolist(), "count": int(d.rngs.count[...])}
+        {
+            "key": np.asarray(jax.random.key_data(d.rngs.key[...])).tolist(),
+            "count": int(d.rngs.count[...]),
+        }
         for d in dropouts
     ]
 
@@ -175,5 +196,7 @@ def set_dropout_streams(model, streams: list[Any]) -> None:
     # differs: dropout-streams
     dropouts = [module for _, module in nnx.iter_graph(model) if isinstance(module, Dropout)]
     for module, stream in zip(dropouts, streams, strict=True):
-        module.rngs.key[...] = jax.random.wrap_key_data(jnp.asarray(stream["key"], dtype=jnp.uint32))
+        module.rngs.key[...] = jax.random.wrap_key_data(
+            jnp.asarray(stream["key"], dtype=jnp.uint32)
+        )
         module.rngs.count[...] = jnp.asarray(stream["count"], dtype=jnp.uint32)

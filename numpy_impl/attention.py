@@ -47,10 +47,12 @@ def masked_softmax(scores: Array, mask: Array | None) -> Array:
     if mask is not None:
         scores = np.where(mask, scores, -math.inf)  # (..., T_q, T_k)
     row_max = scores.max(axis=-1, keepdims=True)  # (..., T_q, 1); -inf where nothing is allowed
-    row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1): subtracting the max avoids overflow
+    # subtracting the row max avoids overflow; a row with nothing allowed subtracts 0
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # (..., T_q, 1)
     exp = np.exp(scores - row_max)  # (..., T_q, T_k), exactly 0 at masked keys
     total = exp.sum(axis=-1, keepdims=True)  # (..., T_q, 1)
-    return exp / np.where(total > 0, total, 1.0)  # (..., T_q, T_k): empty rows: 0 / 1 = 0, not 0 / 0
+    # an empty row divides by 1: 0 / 1 = 0, not 0 / 0
+    return exp / np.where(total > 0, total, 1.0)  # (..., T_q, T_k)
 
 
 def masked_softmax_backward(weights: Array, grad_weights: Array) -> Array:
@@ -101,7 +103,7 @@ def scaled_dot_product_attention_backward(
     grad_context: Array,
     dropout: Dropout | None = None,
 ) -> tuple[Array, Array, Array]:
-    """grad_context (..., T_q, d_v) -> grad_q (..., T_q, d_k), grad_k (..., T_k, d_k), grad_v (..., T_k, d_v).
+    """grad_context (..., T_q, d_v) -> grad_q (..., T_q, d_k), grad_k, grad_v (..., T_k, d_k|d_v).
 
     ``weights`` is the forward's output (..., T_q, T_k): the mask is already in it (0 at
     masked keys), so the backward needs no mask. ``dropout`` is the module the forward
@@ -111,14 +113,15 @@ def scaled_dot_product_attention_backward(
     multiplier = None if dropout is None else dropout.saved.multiplier  # (..., T_q, T_k) or None
     # context = used @ v, used = weights * multiplier (or the weights themselves)
     used = weights if multiplier is None else weights * multiplier  # (..., T_q, T_k)
-    grad_used = grad_context @ v.swapaxes(-1, -2)  # (..., T_q, d_v) @ (..., d_v, T_k) -> (..., T_q, T_k)
-    grad_v = used.swapaxes(-1, -2) @ grad_context  # (..., T_k, T_q) @ (..., T_q, d_v) -> (..., T_k, d_v)
-    grad_weights = grad_used if dropout is None else dropout.backward(grad_used)[0]  # (..., T_q, T_k)
+    grad_used = grad_context @ v.swapaxes(-1, -2)  # (T_q, d_v) @ (d_v, T_k) -> (..., T_q, T_k)
+    grad_v = used.swapaxes(-1, -2) @ grad_context  # (T_k, T_q) @ (T_q, d_v) -> (..., T_k, d_v)
+    # used = dropout(weights); grad_weights (..., T_q, T_k)
+    grad_weights = grad_used if dropout is None else dropout.backward(grad_used)[0]
     # weights = masked_softmax(scores)
     grad_scores = masked_softmax_backward(weights, grad_weights)  # (..., T_q, T_k)
     # scores = q @ k^T / sqrt(d_k)
-    grad_q = grad_scores @ k / scale  # (..., T_q, T_k) @ (..., T_k, d_k) -> (..., T_q, d_k)
-    grad_k = grad_scores.swapaxes(-1, -2) @ q / scale  # (..., T_k, T_q) @ (..., T_q, d_k) -> (..., T_k, d_k)
+    grad_q = grad_scores @ k / scale  # (T_q, T_k) @ (T_k, d_k) -> (..., T_q, d_k)
+    grad_k = grad_scores.swapaxes(-1, -2) @ q / scale  # (T_k, T_q) @ (T_q, d_k) -> (..., T_k, d_k)
     return grad_q, grad_k, grad_v
 
 
@@ -136,7 +139,8 @@ def repeat_kv_backward(grad_output: Array, groups: int) -> Array:
     """grad_output (B, H, T, d_k) -> (B, H_kv, T, d_k): a kv head read by ``groups`` query heads
     gets the sum of their gradients."""
     batch, heads, seq_len, d_k = grad_output.shape
-    grouped = grad_output.reshape(batch, heads // groups, groups, seq_len, d_k)  # (B, H_kv, groups, T, d_k)
+    # (B, H, T, d_k) -> (B, H_kv, groups, T, d_k)
+    grouped = grad_output.reshape(batch, heads // groups, groups, seq_len, d_k)
     return grouped.sum(axis=2)  # (B, H_kv, T, d_k)
 
 
@@ -152,7 +156,8 @@ class KeyValueCache:
     def update(self, k: Array | None, v: Array | None, position: Position) -> tuple[Array, Array]:
         """The keys and values (B, H_kv, T_new, d_k) of positions position .. position + T_new - 1
         -> those of every position so far, the new ones kept for the next step. None: nothing
-        new (cross-attention: the cache holds the memory's, projected once, before the first step)."""
+        new (cross-attention: the cache holds the memory's, projected once, before the first
+        step)."""
         if k is not None:
             self.k = append_to_cache(self.k, k, position, axis=2)  # (B, H_kv, T_cache, d_k)
             self.v = append_to_cache(self.v, v, position, axis=2)  # (B, H_kv, T_cache, d_k)
@@ -173,7 +178,8 @@ def append_to_cache(cached: Array, new: Array, position: int, axis: int) -> Arra
     """
     if cached.shape[axis] != position:
         raise ValueError(
-            f"the cache holds {cached.shape[axis]} positions, but the new entries are for position {position}"
+            f"the cache holds {cached.shape[axis]} positions, "
+            f"but the new entries are for position {position}"
         )
     return np.concatenate([cached, new], axis=axis)  # (..., position + T_new, ...)
 
@@ -204,9 +210,11 @@ class MultiHeadAttention(Module):
     def __init__(self, config: Config, dtype: str = "float32", rotary: bool | None = None):
         super().__init__()
         self.config = config
-        self.num_heads, self.num_kv_heads, self.d_k = config.num_heads, config.num_kv_heads, config.d_k
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.d_k = config.d_k
         self.groups = config.num_heads // config.num_kv_heads  # query heads per key/value head
-        d_q, d_kv, bias = config.num_heads * config.d_k, config.num_kv_heads * config.d_k, config.attention_bias
+        d_q, d_kv = config.num_heads * config.d_k, config.num_kv_heads * config.d_k
+        bias = config.attention_bias
         self.w_q = Linear(config.d_model, d_q, bias, dtype)
         self.w_k = Linear(config.d_model, d_kv, bias, dtype)
         self.w_v = Linear(config.d_model, d_kv, bias, dtype)
@@ -218,7 +226,8 @@ class MultiHeadAttention(Module):
 
     def split_heads(self, x: Array) -> Array:
         batch, seq_len, _ = x.shape
-        x = x.reshape(batch, seq_len, -1, self.d_k)  # (B, T, H, d_k): H query or H_kv key/value heads
+        # H query heads, or H_kv key/value heads
+        x = x.reshape(batch, seq_len, -1, self.d_k)  # (B, T, H, d_k)
         return x.swapaxes(1, 2)  # (B, H, T, d_k)
 
     def merge_heads(self, x: Array) -> Array:
@@ -271,7 +280,8 @@ class MultiHeadAttention(Module):
             k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
         record(self, q=q, k=k, v=v)
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, T_k, d_k) each
-        context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T_q, d_k)
+        # (B, H, T_q, d_k), (B, H, T_q, T_k)
+        context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)
         self.keep(q=q, k=k, v=v, weights=weights)  # differs: numpy-autograd
         output = self.w_o(self.merge_heads(context))  # (B, T_q, d_model)
         record(self, output=output)
@@ -280,10 +290,11 @@ class MultiHeadAttention(Module):
     def backward(
         self, grad_output: Array
     ) -> tuple[tuple[Array, Array, Array], dict[str, Array]]:
-        """grad_output (B, T_q, d_model) -> (grad_query, grad_key, grad_value), grads of w_q, w_k, w_v, w_o.
+        """grad_output (B, T_q, d_model) -> (grad_query, grad_key, grad_value), grads of w_q,
+        w_k, w_v, w_o.
 
         Only the output is differentiated: the returned attention weights are a read-out."""
-        q, k, v = self.saved.q, self.saved.k, self.saved.v  # (B, H, T_q, d_k), (B, H, T_k, d_k) twice
+        q, k, v = self.saved.q, self.saved.k, self.saved.v  # (B, H, T_q, d_k), (B, H, T_k, d_k) x2
         weights = self.saved.weights  # (B, H, T_q, T_k)
         grad_merged, w_o_grads = self.w_o.backward(grad_output)  # (B, T_q, d_model)
         # merge_heads only moves numbers around: its backward is its inverse, split_heads
@@ -326,8 +337,11 @@ class MultiHeadAttention(Module):
 
     def empty_cache(self, batch: int) -> KeyValueCache:
         """The keys and values of no token yet, each (B, H_kv, 0, d_k) in NumPy and torch, grown
-        by ``update``; in JAX a fixed-size buffer of (B, H_kv, max_len, d_k) zeros it writes into."""
-        empty = np.zeros((batch, self.num_kv_heads, 0, self.d_k), self.w_k.weight.dtype)  # (B, H_kv, 0, d_k)
+        by ``update``; in JAX a fixed-size buffer of (B, H_kv, max_len, d_k) zeros it writes
+        into."""
+        empty = np.zeros(
+            (batch, self.num_kv_heads, 0, self.d_k), self.w_k.weight.dtype
+        )  # (B, H_kv, 0, d_k)
         return KeyValueCache(empty, empty)
 
 
@@ -343,10 +357,12 @@ class AttentionHead(Module):
     def __call__(
         self, query: Array, key: Array, value: Array, mask: Array | None = None
     ) -> tuple[Array, Array]:
-        q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k): a head axis of size 1, so 4-D masks broadcast
+        # a head axis of size 1, so 4-D masks broadcast
+        q = self.w_q(query)[:, None]  # (B, 1, T_q, d_k)
         k = self.w_k(key)[:, None]  # (B, 1, T_k, d_k)
         v = self.w_v(value)[:, None]  # (B, 1, T_k, d_k)
-        context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, 1, T_q, d_k), (B, 1, T_q, T_k)
+        # (B, 1, T_q, d_k), (B, 1, T_q, T_k)
+        context, weights = scaled_dot_product_attention(q, k, v, mask)
         return context[:, 0], weights[:, 0]  # (B, T_q, d_k), (B, T_q, T_k)
 
 
@@ -375,7 +391,8 @@ class MultiHeadAttentionLoop(Module):
         need_weights: bool = False,
     ) -> tuple[Array, Array | None]:
         check_attention_projections(query.shape, key.shape, value.shape, self.config.d_model)
-        outputs = [head(query, key, value, mask) for head in self.heads]  # H x ((B, T_q, d_k), (B, T_q, T_k))
+        # H x ((B, T_q, d_k), (B, T_q, T_k))
+        outputs = [head(query, key, value, mask) for head in self.heads]
         context = np.concatenate([c for c, _ in outputs], axis=-1)  # (B, T_q, d_model)
         weights = np.stack([w for _, w in outputs], axis=1)  # (B, H, T_q, T_k)
         return self.w_o(context), (weights if need_weights else None)  # (B, T_q, d_model), weights

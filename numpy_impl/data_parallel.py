@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from transformer_run.data_parallel import batch_size, check_data_parallel, rank_seed, shard, shard_weights
+from transformer_run.data_parallel import (
+    batch_size,
+    check_data_parallel,
+    rank_seed,
+    shard,
+    shard_weights,
+)
 from transformer_run.mixed_precision import check_compute_dtype
 from transformer_run.train import train_loop
 
@@ -64,14 +70,19 @@ def data_parallel_train(
             seed_dropout(model, rank_seed(seed, rank))
             streams.append(dropout_streams(model))
 
-    def data_parallel_train_step(model, optimizer: Adam, batch: Mapping[str, np.ndarray], label_smoothing: float):
-        loss, grads = _replica_sum(model, batch, data_parallel, label_smoothing, streams, compute_dtype)
+    def data_parallel_train_step(
+        model, optimizer: Adam, batch: Mapping[str, np.ndarray], label_smoothing: float
+    ):
+        loss, grads = _replica_sum(
+            model, batch, data_parallel, label_smoothing, streams, compute_dtype
+        )
         optimizer.step(grads)
         return loss
 
     return train_loop(
-        model, optimizer, data_parallel_train_step, seed_replicas, batches, steps, label_smoothing, callback, seed
-    )
+        model, optimizer, data_parallel_train_step, seed_replicas, batches, steps,
+        label_smoothing, callback, seed,
+    )  # fmt: skip
 
 
 def _replica_sum(
@@ -82,9 +93,9 @@ def _replica_sum(
     streams: list[Any] | None,
     compute_dtype: str | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
-    """What the replicas' all-reduce adds up, one shard after another: sum_r weight_r * (loss_r, grads_r),
-    weight_r = count_r / count. Not the mean of the shards' means, which weighs a shard full of
-    padding as much as a full one."""
+    """What the replicas' all-reduce adds up, one shard after another:
+    sum_r weight_r * (loss_r, grads_r), weight_r = count_r / count. Not the mean of the shards'
+    means, which weighs a shard full of padding as much as a full one."""
     weights = shard_weights(model.config, batch, data_parallel)
     loss, grads = 0.0, {}
     for rank, weight in enumerate(weights):
@@ -96,5 +107,6 @@ def _replica_sum(
             streams[rank] = dropout_streams(model)
         loss += weight * shard_loss
         for name, grad in shard_grads.items():
-            grads[name] = grads[name] + weight * grad if name in grads else weight * grad  # like the weight
+            # like the weight
+            grads[name] = grads[name] + weight * grad if name in grads else weight * grad
     return loss, grads

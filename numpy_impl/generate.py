@@ -78,7 +78,8 @@ def make_step_mask(keep: Array, position: int, num_new: int) -> Array:
     key_positions = np.arange(keep.shape[1])  # (T_cache,)
     query_positions = position + np.arange(num_new)  # (T_new,)
     causal = key_positions[None, :] <= query_positions[:, None]  # (T_new, T_cache)
-    return keep[:, None, None, :] & causal[None, None]  # (N, 1, 1, T_cache) & (1, 1, T_new, T_cache)
+    # (N, 1, 1, T_cache) & (1, 1, T_new, T_cache) -> (N, 1, T_new, T_cache)
+    return keep[:, None, None, :] & causal[None, None]
 
 
 def initial_cache(model: Any, src_ids: Array) -> tuple[tuple[LayerCache, ...], Array, Array | None]:
@@ -107,13 +108,16 @@ def decode_step(
     ``project=False`` (a prompt filling the cache): no logits (None), the output projection
     to the vocabulary skipped."""
     fed = tokens != model.config.pad_id  # (N, T_new): padding is hidden from later queries
-    if model.config.decoder_has_cross_attention:  # but never the decoder's start token (as make_target_mask)
+    # but never the decoder's start token (as make_target_mask)
+    if model.config.decoder_has_cross_attention:
         fed = fed | (position + np.arange(tokens.shape[1]) == 0)  # (N, T_new)
     keep = append_to_cache(keep, fed, position, axis=1)  # (N, T_cache)
     tgt_mask = make_step_mask(keep, position, tokens.shape[1])  # (N, 1, T_new, T_cache)
     x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
     with inputs_checked():  # the step's tokens and position are checked: the layers trust them
-        x, _, _, _ = model.decoder(x, None, tgt_mask, memory_mask, cache=cache, position=position)  # (N, T_new, d)
+        x, _, _, _ = model.decoder(
+            x, None, tgt_mask, memory_mask, cache=cache, position=position
+        )  # (N, T_new, d_model)
         if not project:
             return None, cache, keep
         logits = model.generator(x, model.tgt_embed.token.weight)  # (N, T_new, V)
@@ -148,7 +152,9 @@ class CachedStepper:
         _, cache, keep = decode_step(self.model, src_ids, cache, keep, None, 0, False)  # None, ...
         return DecodingState(cache, keep, None, src_ids.shape[1])
 
-    def step(self, state: DecodingState, tokens: Array, position: int) -> tuple[Array, DecodingState]:
+    def step(
+        self, state: DecodingState, tokens: Array, position: int
+    ) -> tuple[Array, DecodingState]:
         check_position(position, state.offset, self.model.config.max_len)
         tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
         logits, cache, keep = decode_step(
@@ -172,16 +178,21 @@ class UncachedStepper:
         src_ids = _to_device(self.model, src_ids)
         return PrefixState(src_ids, np.zeros((src_ids.shape[0], 0), src_ids.dtype))  # (N, 0)
 
-    def step(self, state: PrefixState, tokens: Array, position: int) -> tuple[Array, PrefixState]:
+    def step(
+        self, state: PrefixState, tokens: Array, position: int
+    ) -> tuple[Array, PrefixState]:
         if state.tgt_ids.shape[1] != position:
             raise ValueError(
-                f"{state.tgt_ids.shape[1]} tokens were fed so far, but the next is for position {position}"
+                f"{state.tgt_ids.shape[1]} tokens were fed so far, "
+                f"but the next is for position {position}"
             )
-        tgt_ids = np.concatenate([state.tgt_ids, _to_device(self.model, tokens)[:, None]], axis=1)  # (N, position + 1)
+        tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
+        tgt_ids = np.concatenate([state.tgt_ids, tokens], axis=1)  # (N, position + 1)
         if self.model.config.decoder_has_cross_attention:
             logits = self.model(state.src_ids, tgt_ids).logits  # (N, position + 1, V)
         else:
-            logits = self.model(np.concatenate([state.src_ids, tgt_ids], axis=1)).logits  # (N, P + position + 1, V)
+            prefix = np.concatenate([state.src_ids, tgt_ids], axis=1)  # (N, P + position + 1)
+            logits = self.model(prefix).logits  # (N, P + position + 1, V)
         return _to_host(logits[:, -1]), PrefixState(state.src_ids, tgt_ids)  # (N, V)
 
     def reorder(self, state: PrefixState, rows: Array) -> PrefixState:
@@ -195,7 +206,9 @@ def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedSte
     return CachedStepper(model) if cached else UncachedStepper(model)
 
 
-def greedy(model: Any, src_ids: Array, bos: int, eos: int, max_len: int, cached: bool = True) -> Array:
+def greedy(
+    model: Any, src_ids: Array, bos: int, eos: int, max_len: int, cached: bool = True
+) -> Array:
     """Greedy decoding (``transformer_run.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
     from ``bos``, padded after ``eos``; see the module docstring."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
@@ -213,10 +226,13 @@ def beam(
     length_penalty: float = 1.0,
     cached: bool = True,
 ) -> BeamResult:
-    """Beam search (``transformer_run.decoding.beam_search``) -> the best hypothesis per row and its score."""
+    """Beam search (``transformer_run.decoding.beam_search``) -> the best hypothesis per row and
+    its score."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
-    return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
+    return beam_search(
+        stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id
+    )
 
 
 def sample(
@@ -235,7 +251,9 @@ def sample(
     (``transformer_run.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
-    return sample_decode(stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id)
+    return sample_decode(
+        stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id
+    )
 
 
 def _to_device(model: Any, ids: Array) -> Array:

@@ -1,4 +1,4 @@
-"""The loss of a batch and its gradient with respect to every parameter, by the hand-written backward.
+"""The loss of a batch and its gradient with respect to every parameter, by a hand-written backward.
 
 NumPy has no autograd: inside ``enable_grad()`` the forward pass keeps, in each module,
 what that module's ``backward`` needs, and ``model.backward`` runs it in reverse, module
@@ -23,7 +23,10 @@ from .module import enable_grad
 
 
 def loss_and_grads(
-    model: Any, batch: Mapping[str, Array], label_smoothing: float = 0.0, compute_dtype: str | None = None
+    model: Any,
+    batch: Mapping[str, Array],
+    label_smoothing: float = 0.0,
+    compute_dtype: str | None = None,
 ) -> tuple[float, dict[str, Array]]:
     """-> (the cross-entropy of ``batch``, {canonical parameter name: gradient}).
 
@@ -39,6 +42,8 @@ def loss_and_grads(
         output = model(*(np.asarray(x) for x in inputs))
     targets = np.asarray(targets)  # (B, T)
     loss = cross_entropy(output.logits, targets, model.config.pad_id, label_smoothing)  # ()
-    grad_logits = cross_entropy_backward(output.logits, targets, model.config.pad_id, label_smoothing)  # (B, T, V)
+    grad_logits = cross_entropy_backward(
+        output.logits, targets, model.config.pad_id, label_smoothing
+    )  # (B, T, V)
     _, grads = model.backward(grad_logits)
     return float(loss), {name: grads[name] for name in param_schema(model.config)}

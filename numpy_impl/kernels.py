@@ -31,7 +31,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from transformer_spec.kernels import fusable_in, fused_kernels, fused_kernels_enabled, use_fused_kernels
+from transformer_spec.kernels import (
+    fusable_in,
+    fused_kernels,
+    fused_kernels_enabled,
+    use_fused_kernels,
+)
 
 from .checks import check_mask
 from .module import is_grad_enabled
@@ -45,10 +50,11 @@ fusable = fusable_in(KERNELS)  # the decorator of the marked lines: @fusable("ge
 # ----------------------------------------------------------------------------------- gelu
 # erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (outside it erf is +-1 to float32 precision).
 # Coefficients from the highest power down, as np.polyval takes them.
-_ERF_P = np.array([-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-                   -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02], np.float32)  # fmt: skip
-_ERF_Q = np.array([-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-                   -1.42647390514189e-02], np.float32)  # fmt: skip
+_ERF_P = np.array([-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+                   -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+                   -1.60960333262415e-02], np.float32)  # fmt: skip
+_ERF_Q = np.array([-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+                   -7.37332916720468e-03, -1.42647390514189e-02], np.float32)  # fmt: skip
 _BLOCK = 1 << 16  # elements per block: 256 KiB of float32, which stays in the CPU's cache
 
 
@@ -71,7 +77,9 @@ KERNELS["gelu"] = gelu
 
 
 # ------------------------------------------------------------------- multi_head_attention
-def multi_head_attention(module, query, key, value, mask=None, need_weights=False, cache=None, position=0):
+def multi_head_attention(
+    module, query, key, value, mask=None, need_weights=False, cache=None, position=0
+):
     """``MultiHeadAttention.__call__`` one batch entry at a time, softmax in place; a decoding step
     (with a cache) with the query heads of each key/value head as one block."""
     if need_weights or is_grad_enabled() or (module.dropout.training and module.dropout.rate > 0):
@@ -83,7 +91,8 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
         k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
     check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
     if cache is not None and (mask is None or mask.shape[1] == 1):  # one mask for every head
-        return module.w_o(module.merge_heads(_grouped_attention(q, k, v, mask))), None  # (B, T_q, d_model)
+        context = _grouped_attention(q, k, v, mask)  # (B, H, T_q, d_k)
+        return module.w_o(module.merge_heads(context)), None  # (B, T_q, d_model)
     groups = module.groups
     if groups > 1:  # grouped-query attention: query head h reads kv head h // groups
         k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)  # (B, H, T_k, d_k) each
@@ -93,7 +102,8 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
         scores = q[b] @ k[b].swapaxes(-1, -2)  # (H, T_q, d_k) @ (H, d_k, T_k) -> (H, T_q, T_k)
         scores /= scale
         if mask is not None:
-            allowed = np.broadcast_to(mask[b if mask.shape[0] > 1 else 0], scores.shape)  # (H, T_q, T_k)
+            mask_b = mask[b if mask.shape[0] > 1 else 0]  # (H|1, T_q|1, T_k)
+            allowed = np.broadcast_to(mask_b, scores.shape)  # (H, T_q, T_k)
             np.putmask(scores, ~allowed, -np.inf)
         row_max = scores.max(axis=-1, keepdims=True)  # (H, T_q, 1); -inf where nothing is allowed
         row_max[~np.isfinite(row_max)] = 0.0
@@ -106,28 +116,35 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     return module.w_o(module.merge_heads(context)), None  # (B, T_q, d_model)
 
 
-def _grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+def _grouped_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None
+) -> np.ndarray:
     """q (B, H, T_q, d_k) over k and v (B, H_kv, T_k, d_k), mask (B|1, 1, T_q|1, T_k) or None ->
     context (B, H, T_q, d_k), the cache read in place: no repeated copy of it."""
     batch, heads, t_q, d_k = q.shape
     kv_heads, t_k = k.shape[1], k.shape[2]
     groups = heads // kv_heads
-    # query head h = j * groups + g reads key/value head j: (H, T_q) -> (H_kv, groups * T_q) is a reshape
+    # query head h = j * groups + g reads key/value head j: (H, T_q) -> (H_kv, groups * T_q)
+    # is a reshape
     grouped = q.reshape(batch, kv_heads, groups * t_q, d_k)  # (B, H_kv, groups * T_q, d_k)
     scores = grouped @ k.swapaxes(-1, -2)  # (B, H_kv, groups * T_q, d_k) @ (B, H_kv, d_k, T_k)
     scores /= math.sqrt(d_k)  # (B, H_kv, groups * T_q, T_k)
     if mask is not None:  # (B|1, 1, T_q|1, T_k) -> the same rows for every query head of a group
-        rows = np.broadcast_to(mask[:, :, None], (mask.shape[0], 1, groups, t_q, t_k))  # (B|1, 1, groups, T_q, T_k)
+        # (B|1, 1, groups, T_q, T_k)
+        rows = np.broadcast_to(mask[:, :, None], (mask.shape[0], 1, groups, t_q, t_k))
         rows = rows.reshape(mask.shape[0], 1, groups * t_q, t_k)  # (B|1, 1, groups * T_q, T_k)
-        np.putmask(scores, ~np.broadcast_to(rows, scores.shape), -np.inf)  # (B, H_kv, groups * T_q, T_k)
-    row_max = scores.max(axis=-1, keepdims=True)  # (B, H_kv, groups * T_q, 1); -inf where nothing is allowed
+        # scores (B, H_kv, groups * T_q, T_k): -inf at the keys not allowed
+        np.putmask(scores, ~np.broadcast_to(rows, scores.shape), -np.inf)
+    # -inf where nothing is allowed
+    row_max = scores.max(axis=-1, keepdims=True)  # (B, H_kv, groups * T_q, 1)
     row_max[~np.isfinite(row_max)] = 0.0
     scores -= row_max
     np.exp(scores, out=scores)  # 0 at masked keys
     total = scores.sum(axis=-1, keepdims=True)  # (B, H_kv, groups * T_q, 1)
     total[total == 0] = 1.0  # a row with no allowed key: weights 0, output 0
     scores /= total  # the weights
-    context = scores @ v  # (B, H_kv, groups * T_q, T_k) @ (B, H_kv, T_k, d_k) -> (B, H_kv, groups * T_q, d_k)
+    # (B, H_kv, groups * T_q, T_k) @ (B, H_kv, T_k, d_k) -> (B, H_kv, groups * T_q, d_k)
+    context = scores @ v
     return context.reshape(batch, heads, t_q, d_k)  # (B, H, T_q, d_k)
 
 

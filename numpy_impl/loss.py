@@ -24,18 +24,22 @@ from transformer_spec.checks import check_loss_inputs
 from .checks import check_token_ids
 
 
-def cross_entropy(logits: Array, targets: Array, pad_id: int, label_smoothing: float = 0.0) -> Array:
+def cross_entropy(
+    logits: Array, targets: Array, pad_id: int, label_smoothing: float = 0.0
+) -> Array:
     """logits (B, T, V), targets (B, T) -> the mean loss over non-pad targets, a 0-d array."""
     check_loss_inputs(logits.shape, targets.shape, label_smoothing)
     check_token_ids("targets", targets, logits.shape[-1], None)
     # log-softmax is unchanged by a shift of the logits; shifting by the row max avoids overflow
     shifted = logits - logits.max(axis=-1, keepdims=True)  # (B, T, V)
     log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # (B, T, V)
-    nll = -np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # (B, T): -log p(target)
+    # -log p(target)
+    nll = -np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # (B, T)
     smooth = -log_probs.mean(axis=-1)  # (B, T): -mean over the vocabulary of log p
     per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth  # (B, T)
     real = targets != pad_id  # (B, T): positions that count
-    count = max(int(real.sum()), 1)  # all padding: 0 / 1, not 0 / 0 (a Python int keeps float32 float32)
+    # a Python int, which keeps float32 float32
+    count = max(int(real.sum()), 1)  # all padding: 0 / 1, not 0 / 0
     return np.where(real, per_token, 0.0).sum() / count  # ()
 
 
@@ -53,8 +57,9 @@ def cross_entropy_backward(
     exp = np.exp(shifted)  # (B, T, V)
     probs = exp / exp.sum(axis=-1, keepdims=True)  # (B, T, V): softmax
     smoothed = np.full_like(probs, label_smoothing / vocab_size)  # (B, T, V): eps / V everywhere
-    at_target = 1.0 - label_smoothing + label_smoothing / vocab_size  # q at the target: (1 - eps) + eps / V
-    np.put_along_axis(smoothed, targets[..., None], at_target, axis=-1)  # (B, T, 1) entries of (B, T, V)
+    # q at the target: (1 - eps) + eps / V, written into the (B, T, 1) target entries of (B, T, V)
+    at_target = 1.0 - label_smoothing + label_smoothing / vocab_size
+    np.put_along_axis(smoothed, targets[..., None], at_target, axis=-1)
     real = targets != pad_id  # (B, T): positions that count
     count = max(int(real.sum()), 1)  # as in the forward
     # the mean's 1 / count at counted positions, 0 at padding

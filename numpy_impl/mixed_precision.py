@@ -36,7 +36,8 @@ from .loss import cross_entropy, cross_entropy_backward
 from .module import enable_grad, named_submodules
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-_FLOATS = (BF16, np.dtype(np.float32), np.dtype(np.float64))  # narrowest first; the float dtypes this emulates
+# the float dtypes this emulates, narrowest first
+_FLOATS = (BF16, np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _plain(x: Any) -> Any:
@@ -46,12 +47,17 @@ def _plain(x: Any) -> Any:
 def _result_dtype(operands: tuple) -> np.dtype | None:
     """The widest float dtype among the operands that have dimensions (None if there is none):
     bf16 with float32 gives float32, as torch's and JAX's promotion do; scalars do not count."""
-    found = [np.dtype(x.dtype) for x in operands if isinstance(x, np.ndarray) and x.ndim > 0 and x.dtype in _FLOATS]
+    found = [
+        np.dtype(x.dtype)
+        for x in operands
+        if isinstance(x, np.ndarray) and x.ndim > 0 and x.dtype in _FLOATS
+    ]
     return max(found, key=_FLOATS.index) if found else None
 
 
 def _in_float32(x: Any) -> Any:
-    """bf16 arrays computed in float32; 0-d arrays and NumPy scalars as Python numbers (weak: they do not promote)."""
+    """bf16 arrays computed in float32; 0-d arrays and NumPy scalars as Python numbers (weak:
+    they do not promote)."""
     x = _plain(x)
     if isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype in _FLOATS:
         return float(x)
@@ -65,23 +71,27 @@ def _in_float32(x: Any) -> Any:
 def _wrap(result: Any, dtype: np.dtype | None) -> Any:
     if isinstance(result, tuple):
         return tuple(_wrap(r, dtype) for r in result)
-    if isinstance(result, np.ndarray) and result.dtype in _FLOATS:  # (bf16's dtype kind is "V", not "f")
+    # (bf16's dtype kind is "V", not "f")
+    if isinstance(result, np.ndarray) and result.dtype in _FLOATS:
         return result.astype(dtype or result.dtype, copy=False).view(Bf16Compute)
     return result
 
 
 class Bf16Compute(np.ndarray):
-    """An array whose ops compute in float32 and round to the dtype torch and JAX give them (module docstring)."""
+    """An array whose ops compute in float32 and round to the dtype torch and JAX give them
+    (module docstring)."""
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         if ufunc is np.matmul and method == "__call__":
-            # A bf16 GEMM: operands rounded to bf16, products summed in float32, the result rounded to bf16.
+            # A bf16 GEMM: operands rounded to bf16, products summed in float32, the result
+            # rounded to bf16.
             a, b = (np.asarray(_plain(x)).astype(BF16).astype(np.float32) for x in inputs)
             result, dtype = np.matmul(a, b, **kwargs), BF16
         else:
             dtype = _result_dtype(inputs)
             kwargs.pop("dtype", None)  # a reduction accumulates in float32 here, whatever was asked
-            if method == "at":  # in place on inputs[0] (np.add.at: the embedding's gradient rows), in float32
+            # in place on inputs[0] (np.add.at: the embedding's gradient rows), in float32
+            if method == "at":
                 target = np.asarray(_plain(inputs[0]))
                 accumulated = target.astype(np.float32) if target.dtype == BF16 else target
                 ufunc.at(accumulated, *(_in_float32(x) for x in inputs[1:]), **kwargs)
@@ -91,13 +101,16 @@ class Bf16Compute(np.ndarray):
             if method == "reduce" and dtype is None and isinstance(inputs[0], np.ndarray):
                 dtype = np.dtype(inputs[0].dtype) if inputs[0].dtype in _FLOATS else None
         if out is not None:
-            for target, value in zip(out, result if isinstance(result, tuple) else (result,), strict=True):
+            results = result if isinstance(result, tuple) else (result,)
+            for target, value in zip(out, results, strict=True):
                 _plain(target)[...] = np.asarray(value).astype(target.dtype)
             return out[0] if len(out) == 1 else out
         return _wrap(result, dtype)
 
     def __array_function__(self, func, types, args, kwargs):
-        plain_args = tuple(_plain(a) if not isinstance(a, (list, tuple)) else type(a)(map(_plain, a)) for a in args)
+        plain_args = tuple(
+            _plain(a) if not isinstance(a, (list, tuple)) else type(a)(map(_plain, a)) for a in args
+        )
         plain_kwargs = {k: _plain(v) for k, v in kwargs.items()}
         if func is np.where and len(args) == 3:
             # np.where(mask, bf16 scores, -inf) stays bf16 (NumPy would widen it to float64)
@@ -109,7 +122,8 @@ class Bf16Compute(np.ndarray):
 
 
 def _float_arrays(model) -> list[tuple[object, str, np.ndarray]]:
-    """(module, attribute, array) for every float array a module of ``model`` holds: weights and buffers."""
+    """(module, attribute, array) for every float array a module of ``model`` holds: weights and
+    buffers."""
     found = []
     for _, module in named_submodules(model):
         for attr, value in vars(module).items():
@@ -120,7 +134,8 @@ def _float_arrays(model) -> list[tuple[object, str, np.ndarray]]:
 
 @contextmanager
 def compute_in_bf16(model, policy: str = "autocast") -> Iterator[None]:
-    """Inside: ``model`` computes in bf16 as ``policy`` says, its float32 weights kept aside and put back after.
+    """Inside: ``model`` computes in bf16 as ``policy`` says, its float32 weights kept aside and
+    put back after.
 
     ``"autocast"``: a Linear layer's weight and bias are rounded to bf16 (as torch.autocast casts
     them for each linear call); every other array (embeddings, norms, positional tables) stays
@@ -136,15 +151,19 @@ def compute_in_bf16(model, policy: str = "autocast") -> Iterator[None]:
         for module, attr, value in held:
             cast = policy == "compute_dtype" or id(module) in linear
             setattr(module, attr, (value.astype(BF16) if cast else value).view(Bf16Compute))
-        with fused_kernels(False):  # the kernels call BLAS in float32: the written-out math is what is emulated
+        # the kernels call BLAS in float32: the written-out math is what is emulated
+        with fused_kernels(False):
             yield
     finally:
         for module, attr, value in held:
             setattr(module, attr, value)
 
 
-def mixed_precision_logits(model, *inputs, compute_dtype: str = "bfloat16", policy: str | None = None) -> np.ndarray:
-    """The model's logits (float32) on ``inputs`` (as the model takes them), computed in bf16 under ``policy``."""
+def mixed_precision_logits(
+    model, *inputs, compute_dtype: str = "bfloat16", policy: str | None = None
+) -> np.ndarray:
+    """The model's logits (float32) on ``inputs`` (as the model takes them), computed in bf16
+    under ``policy``."""
     check_compute_dtype(compute_dtype)
     checked = model.check_inputs(*inputs)  # on the float32 model, before any weight is swapped
     with compute_in_bf16(model, policy), inputs_checked():
@@ -168,8 +187,10 @@ def mixed_precision_loss_and_grads(
     with compute_in_bf16(model, policy), inputs_checked():
         with enable_grad():  # every module keeps what its backward needs
             logits = np.asarray(_plain(model(*checked).logits)).astype(np.float32)  # (B, T, V)
-        loss = cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # (), in float32
-        grad_logits = cross_entropy_backward(logits, targets, model.config.pad_id, label_smoothing)  # (B, T, V)
+        loss = cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # (), float32
+        grad_logits = cross_entropy_backward(
+            logits, targets, model.config.pad_id, label_smoothing
+        )  # (B, T, V)
         _, grads = model.backward(grad_logits.view(Bf16Compute))
     names = param_schema(model.config)
     return float(loss), {name: np.asarray(_plain(grads[name])).astype(np.float32) for name in names}

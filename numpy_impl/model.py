@@ -170,8 +170,7 @@ class Transformer(Module):
         parameter, named as in ``param_schema``). The forward pass, run backwards."""
         # (B, T_tgt, d_model), and (tgt_vocab, d_model) when the output is tied to the target table
         (grad_x, grad_tied), generator_grads = self.generator.backward(grad_logits)
-        # the memory's gradient is summed over the decoder layers
-        # (B, T_tgt, d_model), (B, T_src, d_model)
+        # (B, T_tgt, d_model), (B, T_src, d_model): the memory's gradient summed over its layers
         (grad_x, grad_memory), decoder_grads = self.decoder.backward(grad_x)
         _, tgt_embed_grads = self.tgt_embed.backward(grad_x)  # (tgt_vocab, d_model), ...
         grad_x, encoder_grads = self.encoder.backward(grad_memory)  # (B, T_src, d_model)

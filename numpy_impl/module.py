@@ -44,7 +44,8 @@ def enable_grad() -> Iterator[None]:
 
 
 def is_grad_enabled() -> bool:
-    """Whether forward passes keep values for ``backward`` now (off by default: inference keeps nothing)."""
+    """Whether forward passes keep values for ``backward`` now (off by default: inference
+    keeps nothing)."""
     return getattr(_grad, "enabled", False)
 
 

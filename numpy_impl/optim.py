@@ -40,7 +40,8 @@ class Adam:
         self.t += 1
         b1, b2 = self.betas
         lr = float(self.schedule(self.t))
-        correction1, correction2 = 1.0 - b1**self.t, 1.0 - b2**self.t  # early moments are biased to 0
+        # early moments are biased to 0
+        correction1, correction2 = 1.0 - b1**self.t, 1.0 - b2**self.t
         for name in self.names:
             g, m, v = grads[name], self.m[name], self.v[name]
             m *= b1
@@ -48,5 +49,6 @@ class Adam:
             v *= b2
             v += (1.0 - b2) * g * g
             param = self._param(name)
-            param -= lr * (m / correction1) / (np.sqrt(v / correction2) + self.eps)  # in place: the model's array
+            # in place: the model's array
+            param -= lr * (m / correction1) / (np.sqrt(v / correction2) + self.eps)
         return lr

@@ -28,7 +28,8 @@ def from_params(
     module = module_class(config, dtype)
     for name in schema:
         parent, leaf = parent_of(module, name)
-        setattr(parent, leaf, np.array(params[name], dtype=dtype))  # a copy: the module owns its weights
+        # a copy: the module owns its weights
+        setattr(parent, leaf, np.array(params[name], dtype=dtype))
     module.eval()  # (torch's eval returns the module, NNX's returns None)
     return module
 
@@ -55,7 +56,9 @@ def build_model(
     in ``dtype`` (float32 by default): the same numbers in NumPy, JAX and torch."""
     if params is None:
         params = init_params(config, seed=0, dtype=dtype or "float32")
-    model = from_params(MODEL_CLASSES[config.kind], config, params, dtype, allow_non_finite=allow_non_finite)
+    model = from_params(
+        MODEL_CLASSES[config.kind], config, params, dtype, allow_non_finite=allow_non_finite
+    )
     model.eval()  # (torch's eval returns the model, NNX's returns None)
     return model
 

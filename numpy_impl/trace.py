@@ -15,7 +15,8 @@ __all__ = ["named_modules", "trace_model"]
 
 
 def named_modules(model) -> dict[int, str]:
-    """id(module) -> its path in ``model`` ("" for the model itself, "encoder.layers.0.self_attn")."""
+    """id(module) -> its path in ``model`` ("" for the model itself, "encoder.layers.0.self_attn").
+    """
     return {id(module): path for path, module in named_submodules(model)}
 
 

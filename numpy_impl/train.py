@@ -30,7 +30,8 @@ def train_step(
     compute_dtype: str | None = None,
 ) -> float:
     """One update on ``batch`` (see transformer_run.batches); returns the loss before it.
-    ``compute_dtype="bfloat16"``: the passes in bf16, the weights and Adam in float32 (mixed_precision.py)."""
+    ``compute_dtype="bfloat16"``: the passes in bf16, the weights and Adam in float32
+    (mixed_precision.py)."""
     loss, grads = loss_and_grads(model, batch, label_smoothing, compute_dtype)
     optimizer.step(grads)
     return loss
@@ -53,10 +54,13 @@ def train(
     returns the loss of every step. The loop itself (training mode with dropout drawn from
     ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
     ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
-    is ``transformer_run.train``'s. ``compute_dtype="bfloat16"``: mixed precision (mixed_precision.py)."""
+    is ``transformer_run.train``'s. ``compute_dtype="bfloat16"``: mixed precision
+    (mixed_precision.py)."""
     check_compute_dtype(compute_dtype)
     optimizer = Adam(model, schedule)
-    step = train_step if compute_dtype is None else functools.partial(train_step, compute_dtype=compute_dtype)
+    step = train_step
+    if compute_dtype is not None:
+        step = functools.partial(train_step, compute_dtype=compute_dtype)
     return train_loop(
         model, optimizer, step, seed_dropout, batches, steps, label_smoothing, callback, seed,
         resume, checkpoint, checkpoint_every, training_state, restore_training_state,
@@ -91,7 +95,8 @@ def _adam_moments(optimizer: Adam, name: str) -> tuple[np.ndarray, np.ndarray]:
 def _set_adam_moments(optimizer: Adam, name: str, m: np.ndarray, v: np.ndarray) -> None:
     # differs: framework-optimizer
     dtype = optimizer.m[name].dtype
-    optimizer.m[name], optimizer.v[name] = np.array(m, dtype=dtype), np.array(v, dtype=dtype)  # like the weight
+    optimizer.m[name] = np.array(m, dtype=dtype)  # like the weight
+    optimizer.v[name] = np.array(v, dtype=dtype)  # like the weight
 
 
 def _set_adam_step(optimizer: Adam, step: int) -> None:

@@ -38,7 +38,14 @@ from .masks import (
     make_padding_mask,
     make_target_mask,
 )
-from .model import MODEL_CLASSES, Generator, Pooler, Transformer, TransformerEncoderModel, TransformerLM
+from .model import (
+    MODEL_CLASSES,
+    Generator,
+    Pooler,
+    Transformer,
+    TransformerEncoderModel,
+    TransformerLM,
+)
 from .optim import Adam
 from .params import build_model, from_params, load_model, to_params
 from .positional import (

@@ -1,5 +1,6 @@
-"""Reads shapes, dtypes and id ranges off torch tensors for transformer_spec.checks, and makes what a
-model is given (its own tensors, lists, tuples, other frameworks' arrays) the tensors it computes with."""
+"""Reads shapes, dtypes and id ranges off torch tensors for transformer_spec.checks, and makes
+what a model is given (its own tensors, lists, tuples, other frameworks' arrays) the tensors it
+computes with."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 from transformer_spec import checks
 
 
-def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int, max_len: int | None, offset: int = 0) -> None:
+def check_token_ids(
+    name: str, ids: torch.Tensor, vocab_size: int, max_len: int | None, offset: int = 0
+) -> None:
     if checks.caller_checked():  # a model checked them at its entry
         return
     checks.check_token_array(name, ids, vocab_size, max_len, offset)  # the values, read on the host
@@ -19,23 +22,28 @@ def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int, max_len: int 
 
 def check_mask(name: str, mask: torch.Tensor | None, expected: tuple[int, ...]) -> None:
     if mask is not None:
-        checks.check_mask(name, mask.shape, checks.dtype_name(mask), checks.dtype_name(mask) == "bool", expected)
+        dtype = checks.dtype_name(mask)
+        checks.check_mask(name, mask.shape, dtype, dtype == "bool", expected)
 
 
 def readable(name: str, x: Any) -> torch.Tensor | np.ndarray | None:
-    """``x`` as an array whose shape, dtype and values the checks can read: this backend's own array
-    as it is; a list, a tuple or another framework's array as ``np.asarray`` reads it, on the host."""
+    """``x`` as an array whose shape, dtype and values the checks can read: this backend's own
+    array as it is; a list, a tuple or another framework's array as ``np.asarray`` reads it, on
+    the host."""
     if x is None or isinstance(x, torch.Tensor):
         return x
     return checks.host_array(name, x)
 
 
 def to_backend(x: torch.Tensor | np.ndarray | None, model: Any) -> torch.Tensor | None:
-    """A checked input (``readable``'s) as the array ``model`` computes with, on the model's device."""
-    return None if x is None else torch.as_tensor(x, device=next(model.parameters()).device)  # differs: torch-device
+    """A checked input (``readable``'s) as the array ``model`` computes with, on its device."""
+    # differs: torch-device
+    return None if x is None else torch.as_tensor(x, device=next(model.parameters()).device)
 
 
-def token_ids(name: str, ids: Any, vocab_size: int, max_len: int | None, model: Any, offset: int = 0) -> torch.Tensor:
+def token_ids(
+    name: str, ids: Any, vocab_size: int, max_len: int | None, model: Any, offset: int = 0
+) -> torch.Tensor:
     """ids as the model's lookup takes them, checked: every integer dtype, not bool."""
     if checks.caller_checked():  # a model checked and converted them at its entry
         return ids
@@ -44,17 +52,22 @@ def token_ids(name: str, ids: Any, vocab_size: int, max_len: int | None, model: 
     return to_backend(ids, model).long()  # (B, T); differs: torch-index-dtype
 
 
-def attention_mask(name: str, mask: Any, expected: tuple[int, ...], model: Any) -> torch.Tensor | None:
-    """A mask (True = may attend) as the model takes it, checked against the scores' shape ``expected``."""
+def attention_mask(
+    name: str, mask: Any, expected: tuple[int, ...], model: Any
+) -> torch.Tensor | None:
+    """A mask (True = may attend) as the model takes it, checked against the scores' shape
+    ``expected``."""
     mask = readable(name, mask)  # (B|1, H|1, T_q|1, T_k) or None
     check_mask(name, mask, expected)
     return to_backend(mask, model)
 
 
-def check_float_inputs(names: tuple[str, ...], arrays: tuple[torch.Tensor, ...], module: Any = None) -> None:
-    """A component's float inputs in one dtype, and that of the module's weights (``module``; None for a
-    function): refused otherwise, where NumPy would promote to float64, JAX cast to the weights'
-    dtype and torch fail inside a matmul."""
+def check_float_inputs(
+    names: tuple[str, ...], arrays: tuple[torch.Tensor, ...], module: Any = None
+) -> None:
+    """A component's float inputs in one dtype, and that of the module's weights (``module``;
+    None for a function): refused otherwise, where NumPy would promote to float64, JAX cast to
+    the weights' dtype and torch fail inside a matmul."""
     if checks.caller_checked():
         return
     if torch.is_autocast_enabled(arrays[0].device.type):  # differs: mixed-precision

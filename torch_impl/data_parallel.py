@@ -53,7 +53,8 @@ from .mixed_precision import compute_in_bf16
 from .optim import Adam
 from .params import _to_torch_layout, build_model, to_params
 
-START_TIMEOUT = datetime.timedelta(seconds=120)  # a replica that never arrives fails the run, not hangs it
+# a replica that never arrives fails the run, not hangs it
+START_TIMEOUT = datetime.timedelta(seconds=120)
 
 
 def data_parallel_loss_and_grads(
@@ -65,10 +66,13 @@ def data_parallel_loss_and_grads(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the loss of the global ``batch``, {canonical parameter name: gradient}), computed by
     ``data_parallel`` DDP processes, each on its rows (see ``data_parallel_train`` for which).
-    ``compute_dtype="bfloat16"``: each replica's forward under torch.autocast (mixed_precision.py)."""
+    ``compute_dtype="bfloat16"``: each replica's forward under torch.autocast
+    (mixed_precision.py)."""
     check_data_parallel(batch_size(model.config, batch), data_parallel)
     check_compute_dtype(compute_dtype)
-    return _run(_loss_and_grads_replica, model, data_parallel, batch, label_smoothing, compute_dtype)
+    return _run(
+        _loss_and_grads_replica, model, data_parallel, batch, label_smoothing, compute_dtype
+    )
 
 
 def data_parallel_train(
@@ -92,26 +96,33 @@ def data_parallel_train(
         check_data_parallel(batch_size(model.config, batch), data_parallel)
     rates = rate_table(schedule, steps)
     losses, params = _run(
-        _train_replica, model, data_parallel, batches, steps, rates, label_smoothing, callback, seed, compute_dtype
-    )
-    with torch.no_grad():  # rank 0's trained weights into this process's model (spawned: it has not seen them)
+        _train_replica, model, data_parallel, batches, steps, rates, label_smoothing, callback,
+        seed, compute_dtype,
+    )  # fmt: skip
+    # rank 0's trained weights into this process's model (spawned: it has not seen them)
+    with torch.no_grad():
         for name, value in params.items():
             parent, leaf = parent_of(model, name)
             weight = getattr(parent, leaf)
-            weight.copy_(torch.as_tensor(np.ascontiguousarray(_to_torch_layout(parent, leaf, value))).to(weight.device))
+            in_torch_layout = np.ascontiguousarray(_to_torch_layout(parent, leaf, value))
+            weight.copy_(torch.as_tensor(in_torch_layout).to(weight.device))
     return losses
 
 
 def _run(job, model, data_parallel: int, *args) -> Any:
-    """``job(model, rank, data_parallel, *args)`` as replica ``rank`` of a process group: the one that
-    exists, or one made from torchrun's variables (env://), or ``data_parallel`` new processes."""
+    """``job(model, rank, data_parallel, *args)`` as replica ``rank`` of a process group: the
+    one that exists, or one made from torchrun's variables (env://), or ``data_parallel`` new
+    processes."""
     if dist.is_initialized():
         if dist.get_world_size() != data_parallel:
-            raise ValueError(f"data_parallel {data_parallel}, but the process group has {dist.get_world_size()}")
+            raise ValueError(
+                f"data_parallel {data_parallel}, but the process group has {dist.get_world_size()}"
+            )
         return job(model, dist.get_rank(), data_parallel, *args)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         device = next(model.parameters()).device
-        dist.init_process_group(_process_group_backend(device), init_method="env://", timeout=START_TIMEOUT)
+        backend = _process_group_backend(device)
+        dist.init_process_group(backend, init_method="env://", timeout=START_TIMEOUT)
         try:
             return _run(job, model, data_parallel, *args)
         finally:
@@ -128,7 +139,8 @@ def data_parallel_train_step(
     data_parallel: int = 1,
     compute_dtype: str | None = None,
 ) -> float:
-    """One update of replica ``rank`` on its rows of the global ``batch``; returns the global loss."""
+    """One update of replica ``rank`` on its rows of the global ``batch``; returns the global
+    loss."""
     config, device = model.module.config, next(model.parameters()).device
     inputs, targets = split_batch(config, shard(config, batch, rank, data_parallel))
     targets = torch.as_tensor(targets, device=device)  # (B / N, T)
@@ -136,12 +148,17 @@ def data_parallel_train_step(
     total = count.clone()
     dist.all_reduce(total)  # (): every replica's, the loss's denominator
     with torch.enable_grad():
-        with compute_in_bf16(model.module) if compute_dtype is not None else contextlib.nullcontext():
-            logits = model(*(torch.as_tensor(x, device=device) for x in inputs)).logits  # (B / N, T, V)
+        with (
+            compute_in_bf16(model.module) if compute_dtype is not None else contextlib.nullcontext()
+        ):
+            # (B / N, T, V)
+            logits = model(*(torch.as_tensor(x, device=device) for x in inputs)).logits
         if compute_dtype is not None:
             logits = logits.float()  # the loss in float32
-        share = cross_entropy(logits, targets, config.pad_id, label_smoothing) * count / total.clamp(min=1)  # ()
-        (share * data_parallel).backward()  # DDP averages the replicas' gradients: * N makes that their sum
+        mean = cross_entropy(logits, targets, config.pad_id, label_smoothing)  # (): over its rows
+        share = mean * count / total.clamp(min=1)  # ()
+        # DDP averages the replicas' gradients: * N makes that their sum
+        (share * data_parallel).backward()
     optimizer.step()
     loss = share.detach().clone()  # ()
     dist.all_reduce(loss)  # (): the global batch's loss, the sum of the shares
@@ -149,12 +166,25 @@ def data_parallel_train_step(
 
 
 def _train_replica(
-    model, rank, data_parallel, batches, steps, rates, label_smoothing, callback, seed, compute_dtype=None
+    model,
+    rank,
+    data_parallel,
+    batches,
+    steps,
+    rates,
+    label_smoothing,
+    callback,
+    seed,
+    compute_dtype=None,
 ) -> tuple[list[float], dict[str, np.ndarray]]:
-    replica = DistributedDataParallel(model)  # broadcasts rank 0's weights: every replica starts equal
+    # broadcasts rank 0's weights: every replica starts equal
+    replica = DistributedDataParallel(model)
     optimizer = Adam(model, functools.partial(table_schedule, rates))
     step = functools.partial(
-        data_parallel_train_step, rank=rank, data_parallel=data_parallel, compute_dtype=compute_dtype
+        data_parallel_train_step,
+        rank=rank,
+        data_parallel=data_parallel,
+        compute_dtype=compute_dtype,
     )
     seed_replica = lambda model, seed: seed_dropout(model, rank_seed(seed, rank))  # noqa: E731
     losses = train_loop(replica, optimizer, step, seed_replica, batches, steps, label_smoothing,
@@ -175,14 +205,16 @@ def _loss_and_grads_replica(model, rank, data_parallel, batch, label_smoothing, 
         logits = replica(*(torch.as_tensor(x, device=device) for x in inputs)).logits
     if compute_dtype is not None:
         logits = logits.float()  # the loss in float32
-    share = cross_entropy(logits, targets, config.pad_id, label_smoothing) * count / total.clamp(min=1)
+    mean = cross_entropy(logits, targets, config.pad_id, label_smoothing)
+    share = mean * count / total.clamp(min=1)
     (share * data_parallel).backward()
     loss = share.detach().clone()
     dist.all_reduce(loss)
     grads = {}
     for name in param_schema(config):
         parent, leaf = parent_of(model, name)
-        grads[name] = np.array(_to_torch_layout(parent, leaf, getattr(parent, leaf).grad.detach().cpu().numpy()))
+        grad = getattr(parent, leaf).grad.detach().cpu().numpy()  # torch's layout
+        grads[name] = np.array(_to_torch_layout(parent, leaf, grad))
     model.zero_grad(set_to_none=True)  # leave the model as it came
     return float(loss), grads
 
@@ -193,14 +225,17 @@ def _process_group_backend(device: torch.device) -> str:
 
 
 def _spawn(job, model, data_parallel: int, *args) -> Any:
-    """Run ``job(model, rank, data_parallel, *args)`` in ``data_parallel`` new processes joined in one
-    process group; return rank 0's result. A process that fails fails the call with its traceback
-    (``torch.multiprocessing.ProcessRaisedException``) or its signal (``ProcessExitedException``)."""
+    """Run ``job(model, rank, data_parallel, *args)`` in ``data_parallel`` new processes joined
+    in one process group; return rank 0's result. A process that fails fails the call with its
+    traceback (``torch.multiprocessing.ProcessRaisedException``) or its signal
+    (``ProcessExitedException``)."""
     with tempfile.TemporaryDirectory(prefix="ddp-") as folder:
-        init_file, result_file = os.path.join(folder, "rendezvous"), os.path.join(folder, "result.pkl")
+        init_file = os.path.join(folder, "rendezvous")
+        result_file = os.path.join(folder, "result.pkl")
         params = {name: np.asarray(value) for name, value in to_params(model).items()}
         threads = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"  # one core per replica, set before the children import torch
+        # one core per replica, set before the children import torch
+        os.environ["OMP_NUM_THREADS"] = "1"
         try:
             mp.spawn(
                 _replica,

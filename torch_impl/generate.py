@@ -81,7 +81,8 @@ def make_step_mask(keep: Array, position: int, num_new: int) -> Array:
     key_positions = torch.arange(keep.shape[1], device=keep.device)  # (T_cache,)
     query_positions = position + torch.arange(num_new, device=keep.device)  # (T_new,)
     causal = key_positions[None, :] <= query_positions[:, None]  # (T_new, T_cache)
-    return keep[:, None, None, :] & causal[None, None]  # (N, 1, 1, T_cache) & (1, 1, T_new, T_cache)
+    # (N, 1, 1, T_cache) & (1, 1, T_new, T_cache) -> (N, 1, T_new, T_cache)
+    return keep[:, None, None, :] & causal[None, None]
 
 
 def initial_cache(
@@ -90,8 +91,9 @@ def initial_cache(
     """Before the first step -> (cache, keep, memory_mask): the encoder-decoder encodes its source
     and projects the memory's keys and values, once per layer; no target token is cached yet."""
     batch = src_ids.shape[0]
+    # grows with the cache
     # differs: torch-device  differs: jit-static-shapes
-    keep = torch.zeros(batch, 0, dtype=torch.bool, device=src_ids.device)  # (N, 0): grows with the cache
+    keep = torch.zeros(batch, 0, dtype=torch.bool, device=src_ids.device)  # (N, 0)
     if not model.config.decoder_has_cross_attention:
         return model.decoder.empty_cache(batch), keep, None
     memory, _, _ = model.encode(src_ids)  # (N, T_src, d_model)
@@ -113,7 +115,8 @@ def decode_step(
     ``project=False`` (a prompt filling the cache): no logits (None), the output projection
     to the vocabulary skipped."""
     fed = tokens != model.config.pad_id  # (N, T_new): padding is hidden from later queries
-    if model.config.decoder_has_cross_attention:  # but never the decoder's start token (as make_target_mask)
+    # but never the decoder's start token (as make_target_mask)
+    if model.config.decoder_has_cross_attention:
         fed = fed | (
             position + torch.arange(tokens.shape[1], device=tokens.device) == 0
         )  # (N, T_new)  # differs: torch-device
@@ -121,7 +124,9 @@ def decode_step(
     tgt_mask = make_step_mask(keep, position, tokens.shape[1])  # (N, 1, T_new, T_cache)
     x = model.tgt_embed(tokens, offset=position)  # (N, T_new, d_model)
     with inputs_checked():  # the step's tokens and position are checked: the layers trust them
-        x, _, _, _ = model.decoder(x, None, tgt_mask, memory_mask, cache=cache, position=position)  # (N, T_new, d)
+        x, _, _, _ = model.decoder(
+            x, None, tgt_mask, memory_mask, cache=cache, position=position
+        )  # (N, T_new, d_model)
         if not project:
             return None, cache, keep
         logits = model.generator(x, model.tgt_embed.token.weight)  # (N, T_new, V)
@@ -161,7 +166,9 @@ class CachedStepper:
         return DecodingState(cache, keep, None, src_ids.shape[1])
 
     @torch.no_grad()
-    def step(self, state: DecodingState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, DecodingState]:
+    def step(
+        self, state: DecodingState, tokens: np.ndarray, position: int
+    ) -> tuple[np.ndarray, DecodingState]:
         check_position(position, state.offset, self.model.config.max_len)
         tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
         # differs: jax-jit
@@ -188,16 +195,21 @@ class UncachedStepper:
         return PrefixState(src_ids, src_ids.new_zeros(src_ids.shape[0], 0))  # (N, 0)
 
     @torch.no_grad()
-    def step(self, state: PrefixState, tokens: np.ndarray, position: int) -> tuple[np.ndarray, PrefixState]:
+    def step(
+        self, state: PrefixState, tokens: np.ndarray, position: int
+    ) -> tuple[np.ndarray, PrefixState]:
         if state.tgt_ids.shape[1] != position:
             raise ValueError(
-                f"{state.tgt_ids.shape[1]} tokens were fed so far, but the next is for position {position}"
+                f"{state.tgt_ids.shape[1]} tokens were fed so far, "
+                f"but the next is for position {position}"
             )
-        tgt_ids = torch.cat([state.tgt_ids, _to_device(self.model, tokens)[:, None]], dim=1)  # (N, position + 1)
+        tokens = _to_device(self.model, tokens)[:, None]  # (N, 1)
+        tgt_ids = torch.cat([state.tgt_ids, tokens], dim=1)  # (N, position + 1)
         if self.model.config.decoder_has_cross_attention:
             logits = self.model(state.src_ids, tgt_ids).logits  # (N, position + 1, V)
         else:
-            logits = self.model(torch.cat([state.src_ids, tgt_ids], dim=1)).logits  # (N, P + position + 1, V)
+            prefix = torch.cat([state.src_ids, tgt_ids], dim=1)  # (N, P + position + 1)
+            logits = self.model(prefix).logits  # (N, P + position + 1, V)
         return _to_host(logits[:, -1]), PrefixState(state.src_ids, tgt_ids)  # (N, V)
 
     def reorder(self, state: PrefixState, rows: np.ndarray) -> PrefixState:
@@ -211,7 +223,9 @@ def make_stepper(model: Any, cached: bool = True) -> CachedStepper | UncachedSte
     return CachedStepper(model) if cached else UncachedStepper(model)
 
 
-def greedy(model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True) -> np.ndarray:
+def greedy(
+    model: Any, src_ids: np.ndarray, bos: int, eos: int, max_len: int, cached: bool = True
+) -> np.ndarray:
     """Greedy decoding (``transformer_run.decoding.greedy_decode``) -> (B, T <= max_len + 1) ids
     from ``bos``, padded after ``eos``; see the module docstring."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
@@ -229,10 +243,13 @@ def beam(
     length_penalty: float = 1.0,
     cached: bool = True,
 ) -> BeamResult:
-    """Beam search (``transformer_run.decoding.beam_search``) -> the best hypothesis per row and its score."""
+    """Beam search (``transformer_run.decoding.beam_search``) -> the best hypothesis per row and
+    its score."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
-    return beam_search(stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id)
+    return beam_search(
+        stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id
+    )
 
 
 def sample(
@@ -251,7 +268,9 @@ def sample(
     (``transformer_run.decoding.sample_decode``) -> (B, T <= max_len + 1) ids from ``bos``."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
-    return sample_decode(stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id)
+    return sample_decode(
+        stepper, src_ids, bos, eos, max_len, temperature, top_k, top_p, seed, model.config.pad_id
+    )
 
 
 def _to_device(model: Any, ids: np.ndarray) -> Array:

@@ -24,14 +24,18 @@ from .params import _to_torch_layout
 
 
 def loss_and_grads(
-    model: nn.Module, batch: Mapping[str, Any], label_smoothing: float = 0.0, compute_dtype: str | None = None
+    model: nn.Module,
+    batch: Mapping[str, Any],
+    label_smoothing: float = 0.0,
+    compute_dtype: str | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the cross-entropy of ``batch``, {canonical parameter name: gradient as a NumPy array}).
 
     ``batch``: see ``transformer_run.batches`` ({"src_ids", "tgt_in", "tgt_out"} for the
     encoder-decoder, {"ids", "targets"} for the decoder-only LM), NumPy arrays or tensors.
     The gradients have the canonical names and [in, out] layout of ``param_schema``.
-    ``compute_dtype="bfloat16"``: the forward under torch.autocast, float32 gradients (mixed_precision.py).
+    ``compute_dtype="bfloat16"``: the forward under torch.autocast, float32 gradients
+    (mixed_precision.py).
     """
     check_compute_dtype(compute_dtype)
     inputs, targets = split_batch(model.config, batch)
@@ -45,7 +49,9 @@ def loss_and_grads(
             logits = model(*(torch.as_tensor(x) for x in inputs)).logits  # (B, T, V)
         if compute_dtype is not None:  # differs: mixed-precision
             logits = logits.float()  # the loss in float32
-        loss = cross_entropy(logits, torch.as_tensor(targets), model.config.pad_id, label_smoothing)  # ()
+        loss = cross_entropy(
+            logits, torch.as_tensor(targets), model.config.pad_id, label_smoothing
+        )  # ()
         # autograd.grad, not loss.backward(): it returns the gradients and leaves every .grad alone.
         # A tied table is one Parameter used twice; autograd adds both uses' gradients.
         grads = torch.autograd.grad(loss, parameters)

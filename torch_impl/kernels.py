@@ -38,7 +38,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from transformer_spec.kernels import fusable_in, fused_kernels, fused_kernels_enabled, use_fused_kernels
+from transformer_spec.kernels import (
+    fusable_in,
+    fused_kernels,
+    fused_kernels_enabled,
+    use_fused_kernels,
+)
 
 from .checks import check_mask
 
@@ -80,13 +85,19 @@ KERNELS["gelu"] = gelu
 def feed_forward(module, x: torch.Tensor) -> torch.Tensor:
     """``PositionwiseFeedForward.forward`` in inference, the activation in place on w_1's output."""
     activation, w_1, w_2 = module.config.activation, module.w_1, module.w_2
-    if activation not in ("relu", "gelu") or w_1.bias is None or (module.dropout.training and module.dropout.rate > 0):
+    if (
+        activation not in ("relu", "gelu")
+        or w_1.bias is None
+        or (module.dropout.training and module.dropout.rate > 0)
+    ):
         return NotImplemented  # no fused tanh GELU; no bias to fuse; dropout on the hidden layer
     if torch.is_grad_enabled() and (x.requires_grad or w_1.weight.requires_grad):
         return NotImplemented  # the in-place activation would overwrite what autograd keeps
     module.check_inputs(x)  # as the forward it stands in for
     rows = x.reshape(-1, x.shape[-1])  # (N, d_model)
-    hidden = torch._addmm_activation(w_1.bias, rows, w_1.weight.t(), use_gelu=activation == "gelu")  # (N, d_ff)
+    hidden = torch._addmm_activation(
+        w_1.bias, rows, w_1.weight.t(), use_gelu=activation == "gelu"
+    )  # (N, d_ff)
     return w_2(hidden).reshape(*x.shape[:-1], w_2.out_features)  # (..., d_model)
 
 
@@ -115,7 +126,9 @@ def _packed(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | Non
     return weight, torch.cat([linear.bias for linear in linears])  # (sum of outs,)
 
 
-def attention_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attention_context(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
     """``scaled_dot_product_attention``'s context alone, in ``F.scaled_dot_product_attention``;
     k and v may have fewer heads than q (grouped-query attention: ``enable_gqa`` reads kv head
     h // groups for query head h, as ``repeat_kv``, without making the copies).
@@ -128,16 +141,22 @@ def attention_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     time for a (B, 9, 1, T) decoding step).
     """
     gqa = q.shape[-3] != k.shape[-3]
-    if mask is None or mask.all():  # every key allowed (a decoding step without padding): nothing to mask
+    # every key allowed (a decoding step without padding): nothing to mask
+    if mask is None or mask.all():
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # (..., T_q, d_v)
     has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, T_q|1, 1)
     if has_key.all():  # the usual case (a host sync: cheap on the CPU), and 20% faster at base size
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # (..., T_q, d_v)
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, enable_gqa=gqa)  # (..., T_q, d_v)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=gqa
+        )  # (..., T_q, d_v)
+    # (..., T_q, d_v): a row with no allowed key attends to every key here, zeroed below
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, enable_gqa=gqa)
     return context.masked_fill(~has_key, 0.0)  # (..., T_q, d_v), 0 where no key was allowed
 
 
-def multi_head_attention(module, query, key, value, mask=None, need_weights=False, cache=None, position=0):
+def multi_head_attention(
+    module, query, key, value, mask=None, need_weights=False, cache=None, position=0
+):
     """``MultiHeadAttention.forward`` without the (B, H, T_q, T_k) weights."""
     if need_weights or (module.dropout.training and module.dropout.rate > 0):
         return NotImplemented  # the weights are wanted, or dropped out (with our dropout mask)
@@ -145,7 +164,7 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
     d_q, d_kv = module.w_q.out_features, module.w_k.out_features
     if key is None:  # decoding's cross-attention: the memory's keys and values are in the cache
         q, k, v = module.w_q(query), None, None  # (B, T_q, d_q)
-    elif cache is not None:  # a decoding step: three small products beat packing the weights each step
+    elif cache is not None:  # a decoding step: three small products beat packing weights each step
         q, k, v = module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_new, d_q|d_kv)
     elif query is key and key is value:  # self-attention: one (d_model, d_q + 2 d_kv) matmul
         qkv = F.linear(query, *_packed(module.w_q, module.w_k, module.w_v))  # (B, T, d_q + 2 d_kv)
@@ -157,7 +176,8 @@ def multi_head_attention(module, query, key, value, mask=None, need_weights=Fals
         q, k, v = module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_q|T_k, d_q|d_kv)
     q = module.rotary(module.split_heads(q), position)  # (B, H, T_q, d_k)
     if k is not None:
-        k, v = module.rotary(module.split_heads(k), position), module.split_heads(v)  # (B, H_kv, T_k, d_k)
+        k = module.rotary(module.split_heads(k), position)  # (B, H_kv, T_k, d_k)
+        v = module.split_heads(v)  # (B, H_kv, T_k, d_k)
     if cache is not None:
         k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
         check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))

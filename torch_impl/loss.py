@@ -37,7 +37,8 @@ def cross_entropy(
     # differs: framework-autograd
     shifted = logits - logits.amax(axis=-1, keepdims=True).detach()  # (B, T, V)
     log_probs = shifted - torch.log(torch.exp(shifted).sum(axis=-1, keepdims=True))  # (B, T, V)
-    nll = -torch.gather(log_probs, -1, targets[..., None])[..., 0]  # (B, T): -log p(target)
+    # -log p(target)
+    nll = -torch.gather(log_probs, -1, targets[..., None])[..., 0]  # (B, T)
     smooth = -log_probs.mean(dim=-1)  # (B, T): -mean over the vocabulary of log p
     per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth  # (B, T)
     real = targets != pad_id  # (B, T): positions that count

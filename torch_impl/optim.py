@@ -24,11 +24,14 @@ class Adam:
         self.model, self.schedule, self.betas, self.eps = model, schedule, betas, eps
         # differs: framework-optimizer
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=betas, eps=eps)
-        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda t: schedule(t + 1))
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda t: schedule(t + 1)
+        )
         self.t = 0
 
     def step(self, grads=None) -> float:  # differs: framework-optimizer
-        """Apply the gradients that ``loss.backward()`` left in each ``.grad``; returns the learning rate used."""
+        """Apply the gradients that ``loss.backward()`` left in each ``.grad``; returns the
+        learning rate used."""
         self.t += 1
         # differs: framework-optimizer
         lr = self.optimizer.param_groups[0]["lr"]

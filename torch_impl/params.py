@@ -15,7 +15,9 @@ from transformer_spec.io import check_weights_to_load
 from .model import MODEL_CLASSES
 
 
-def _to_torch_layout(parent: Any, leaf: str, value: np.ndarray) -> np.ndarray:  # differs: framework-params
+def _to_torch_layout(  # differs: framework-params
+    parent: Any, leaf: str, value: np.ndarray
+) -> np.ndarray:
     # nn.Linear keeps weight as [out, in]; the canonical (paper) layout is [in, out].
     return value.T if isinstance(parent, nn.Linear) and leaf == "weight" else value
 
@@ -67,7 +69,9 @@ def build_model(
     in ``dtype`` (float32 by default): the same numbers in NumPy, JAX and torch."""
     if params is None:
         params = init_params(config, seed=0, dtype=dtype or "float32")
-    model = from_params(MODEL_CLASSES[config.kind], config, params, dtype, allow_non_finite=allow_non_finite)
+    model = from_params(
+        MODEL_CLASSES[config.kind], config, params, dtype, allow_non_finite=allow_non_finite
+    )
     model.eval()  # (torch's eval returns the model, NNX's returns None)
     return model
 

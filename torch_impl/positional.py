@@ -14,7 +14,7 @@ from transformer_spec.checks import check_rows
 
 from .layers import _torch_dtype, parameter
 
-Position = int  # where a sequence starts (JAX also takes a traced integer there, in a compiled step)
+Position = int  # where a sequence starts (JAX also takes a traced integer, in a compiled step)
 
 
 def sinusoidal_table(

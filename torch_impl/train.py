@@ -28,10 +28,15 @@ from .params import _to_torch_layout
 
 
 def train_step(
-    model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing: float = 0.0, compute_dtype: str | None = None
+    model,
+    optimizer: Adam,
+    batch: Mapping[str, Any],
+    label_smoothing: float = 0.0,
+    compute_dtype: str | None = None,
 ) -> float:
     """One update on ``batch`` (see transformer_run.batches); returns the loss before it.
-    ``compute_dtype="bfloat16"``: the forward under torch.autocast, the weights and Adam in float32."""
+    ``compute_dtype="bfloat16"``: the forward under torch.autocast, the weights and Adam in
+    float32."""
     inputs, targets = split_batch(model.config, batch)
     # differs: framework-autograd
     with torch.enable_grad():  # callers may hold a no_grad context (evaluation, tests)
@@ -40,7 +45,9 @@ def train_step(
             logits = model(*(torch.as_tensor(x) for x in inputs)).logits  # (B, T, V)
         if compute_dtype is not None:  # differs: mixed-precision
             logits = logits.float()  # the loss in float32
-        loss = cross_entropy(logits, torch.as_tensor(targets), model.config.pad_id, label_smoothing)  # ()
+        loss = cross_entropy(
+            logits, torch.as_tensor(targets), model.config.pad_id, label_smoothing
+        )  # ()
         loss.backward()  # fills every parameter's .grad
     optimizer.step()
     return float(loss.detach())
@@ -63,10 +70,13 @@ def train(
     returns the loss of every step. The loop itself (training mode with dropout drawn from
     ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
     ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
-    is ``transformer_run.train``'s. ``compute_dtype="bfloat16"``: mixed precision (mixed_precision.py)."""
+    is ``transformer_run.train``'s. ``compute_dtype="bfloat16"``: mixed precision
+    (mixed_precision.py)."""
     check_compute_dtype(compute_dtype)
     optimizer = Adam(model, schedule)
-    step = train_step if compute_dtype is None else functools.partial(train_step, compute_dtype=compute_dtype)
+    step = train_step
+    if compute_dtype is not None:
+        step = functools.partial(train_step, compute_dtype=compute_dtype)
     return train_loop(
         model, optimizer, step, seed_dropout, batches, steps, label_smoothing, callback, seed,
         resume, checkpoint, checkpoint_every, training_state, restore_training_state,
@@ -96,7 +106,8 @@ def _adam_moments(optimizer: Adam, name: str) -> tuple[np.ndarray, np.ndarray]:
     # differs: framework-optimizer
     parent, leaf = parent_of(optimizer.model, name)
     state = optimizer.optimizer.state[getattr(parent, leaf)]  # torch.optim.Adam's, per parameter
-    m, v = state["exp_avg"].detach().cpu().numpy(), state["exp_avg_sq"].detach().cpu().numpy()  # torch's layout
+    # torch's layout
+    m, v = state["exp_avg"].detach().cpu().numpy(), state["exp_avg_sq"].detach().cpu().numpy()
     return np.array(_to_torch_layout(parent, leaf, m)), np.array(_to_torch_layout(parent, leaf, v))
 
 
@@ -104,7 +115,8 @@ def _set_adam_moments(optimizer: Adam, name: str, m: np.ndarray, v: np.ndarray) 
     # differs: framework-optimizer
     parent, leaf = parent_of(optimizer.model, name)
     parameter = getattr(parent, leaf)
-    m, v = (np.ascontiguousarray(_to_torch_layout(parent, leaf, x)) for x in (m, v))  # torch's layout
+    # torch's layout
+    m, v = (np.ascontiguousarray(_to_torch_layout(parent, leaf, x)) for x in (m, v))
     optimizer.optimizer.state[parameter] = {
         "exp_avg": torch.tensor(m, dtype=parameter.dtype, device=parameter.device),
         "exp_avg_sq": torch.tensor(v, dtype=parameter.dtype, device=parameter.device),
@@ -116,7 +128,8 @@ def _set_adam_step(optimizer: Adam, step: int) -> None:
     optimizer.t = step
     # differs: framework-optimizer
     for state in optimizer.optimizer.state.values():
-        state["step"] = torch.tensor(float(step))  # torch.optim.Adam counts in a float tensor per parameter
+        # torch.optim.Adam counts in a float tensor per parameter
+        state["step"] = torch.tensor(float(step))
     optimizer.lr_scheduler.last_epoch = step  # LambdaLR: the next rate is schedule(step + 1)
     for group in optimizer.optimizer.param_groups:
         group["lr"] = optimizer.schedule(step + 1)
@@ -131,4 +144,5 @@ def dropout_streams(model) -> str:
 def set_dropout_streams(model, streams: str) -> None:
     """Put back what ``dropout_streams`` read: the next masks are those the run would have drawn."""
     # differs: dropout-streams
-    torch.set_rng_state(torch.from_numpy(np.frombuffer(base64.b64decode(streams), dtype=np.uint8).copy()))
+    state = np.frombuffer(base64.b64decode(streams), dtype=np.uint8).copy()
+    torch.set_rng_state(torch.from_numpy(state))
