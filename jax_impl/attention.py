@@ -231,9 +231,7 @@ class MultiHeadAttention(Module):
         keys and values join those of every earlier position, and the queries attend over all."""
         self.check_inputs(query, key, value, mask, cache, position)  # refused with a message
         q = self.rotary(self.split_heads(self.w_q(query)), position)  # (B, H, T_q, d_k)
-        k, v = self.key_value(key, value, position)  # (B, H_kv, T_k, d_k) each, or None
-        if cache is not None:  # decoding: with the keys and values of every earlier position
-            k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
+        k, v = self.key_value(key, value, cache, position)  # (B, H_kv, T_k, d_k) each
         record(self, q=q, k=k, v=v)
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, T_k, d_k) each
         # (B, H, T_q, d_k), (B, H, T_q, T_k)
@@ -242,14 +240,24 @@ class MultiHeadAttention(Module):
         record(self, output=output)
         return output, (weights if need_weights else None)
 
-    def key_value(self, key: Array | None, value: Array | None, position: Position = 0) -> tuple:
-        """key and value (B, T, d_model) at positions position .. position + T - 1 -> their keys
-        and values (B, H_kv, T, d_k), the keys rotated; (None, None) for None: decoding's
-        cross-attention reads the memory's from its cache, projected once."""
-        if key is None:
-            return None, None
-        k = self.rotary(self.split_heads(self.w_k(key)), position)  # (B, H_kv, T, d_k)
-        return k, self.split_heads(self.w_v(value))  # (B, H_kv, T, d_k) each
+    def key_value(
+        self,
+        key: Array | None,
+        value: Array | None,
+        cache: KeyValueCache | None = None,
+        position: Position = 0,
+    ) -> tuple[Array, Array]:
+        """key and value (B, T, d_model) at positions position .. position + T - 1 -> the keys and
+        values the queries attend over, (B, H_kv, T, d_k) each, the keys rotated. With a cache
+        (decoding) they join those of every earlier position, (B, H_kv, T_cache, d_k) each; key
+        and value None: the cache's as they are (cross-attention: the memory's, projected once)."""
+        k = v = None
+        if key is not None:
+            k = self.rotary(self.split_heads(self.w_k(key)), position)  # (B, H_kv, T, d_k)
+            v = self.split_heads(self.w_v(value))  # (B, H_kv, T, d_k)
+        if cache is not None:
+            k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
+        return k, v
 
     def empty_cache(self, batch: int) -> KeyValueCache:
         """The keys and values of no token yet, each (B, H_kv, 0, d_k) in NumPy and torch, grown

@@ -86,9 +86,7 @@ def multi_head_attention(
         return NotImplemented  # the weights are wanted, kept for the backward, or dropped out
     module.check_inputs(query, key, value, mask, cache, position)  # as the forward it stands in for
     q = module.rotary(module.split_heads(module.w_q(query)), position)  # (B, H, T_q, d_k)
-    k, v = module.key_value(key, value, position)  # (B, H_kv, T_k, d_k) each, or None
-    if cache is not None:
-        k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
+    k, v = module.key_value(key, value, cache, position)  # (B, H_kv, T_k, d_k) each
     check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
     if cache is not None and (mask is None or mask.shape[1] == 1):  # one mask for every head
         context = _grouped_attention(q, k, v, mask)  # (B, H, T_q, d_k)
