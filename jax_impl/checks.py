@@ -24,7 +24,7 @@ from transformer_spec import checks
 def check_token_ids(
     name: str, ids: jax.Array, vocab_size: int, max_len: int | None, offset: int | jax.Array = 0
 ) -> None:
-    if checks.caller_checked():  # a model checked them at its entry
+    if checks.caller_checked():  # a caller checked this whole pass (inputs_checked)
         return
     checks.check_token_array(name, ids, vocab_size, max_len, offset)  # the values, read on the host
 
@@ -59,7 +59,7 @@ def token_ids(
     offset: int | jax.Array = 0,
 ) -> jax.Array:
     """ids as the model's lookup takes them, checked: every integer dtype, not bool."""
-    if checks.caller_checked():  # a model checked and converted them at its entry
+    if checks.caller_checked():  # a caller checked and converted them for this whole pass
         return ids
     ids = readable(name, ids)  # (B, T)
     check_token_ids(name, ids, vocab_size, max_len, offset)
