@@ -209,8 +209,12 @@ def pytest_sessionfinish(session):
         return
     versions = {"python": platform.python_version()}
     for name in ("numpy", "jax", "flax", "torch"):
-        if name in sys.modules:
-            versions[name] = getattr(sys.modules[name], "__version__", "?")
+        if name not in sys.modules:  # under xdist the frameworks ran in the workers only
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                continue
+        versions[name] = getattr(sys.modules[name], "__version__", "?")
     tests = [
         {"test": test, "check": check, "dtype": dtype, "backend": backend, "reference": oracle,
          "worst": worst, "comparisons": count, "tolerance": tolerance}

@@ -244,7 +244,9 @@ def measure() -> None:
     """Re-run what writes the sources (not the benchmark)."""
     python = sys.executable
     for tests, out in ((SUITE_TESTS, PARITY), (ORACLE_TESTS, ORACLES)):
-        command = [python, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "--parity-json",
+        # two xdist workers (the controller gathers their records), one file per worker for the oracles
+        parallel = ["-n", "2"] + (["--dist=loadfile"] if tests is ORACLE_TESTS else [])
+        command = [python, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", *parallel, "--parity-json",
                    os.path.relpath(out, ROOT)]  # fmt: skip
         print("$", " ".join(command[2:]), flush=True)
         subprocess.run(command, cwd=ROOT, check=True)
