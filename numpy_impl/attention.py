@@ -147,7 +147,9 @@ def repeat_kv_backward(grad_output: Array, groups: int) -> Array:
 class KeyValueCache:
     """One attention layer's keys and values while decoding, already projected and split into
     heads, so that a step projects only its new tokens (``MultiHeadAttention.__call__`` with
-    ``cache=``). ``update`` writes a step's new keys and values in, as Hugging Face's caches do."""
+    ``cache=``). ``update`` writes a step's new keys and values in, as Hugging Face's caches do:
+    the cache changes in place (under ``jax.jit`` a cache is a pytree argument, so the compiled
+    step changes its own copy and returns it: the caller keeps the one it gets back)."""
 
     def __init__(self, k: Array, v: Array):
         self.k = k  # (B, H_kv, T_cache, d_k): the key/value heads only, not repeated
