@@ -681,7 +681,7 @@ PAGES: tuple[Page, ...] = (
         code=(
             "transformer_spec/kernels.py: use_fused_kernels, fused_kernels_enabled, fused_kernels, fusable_in",
             "kernels.py: KERNELS, fusable, layer_norm, rms_norm, gelu, feed_forward, gated_feed_forward, _packed, "
-            "attention_context, multi_head_attention, _grouped_attention",
+            "_projections, attention_context, multi_head_attention, _grouped_attention",
         ),
         tests=("*test_fast_paths.py::*",),
         notes={
@@ -689,6 +689,7 @@ PAGES: tuple[Page, ...] = (
             "gelu": "No kernel: XLA fuses the written-out GELU itself.",
             "feed_forward": "No kernel: the written-out feed-forward network runs.",
             "_packed": "No kernel needs it here.",
+            "_projections": "No kernel needs it here.",
             "attention_context": "No fused attention kernel here.",
             "multi_head_attention": "No kernel: `jax.nn.dot_product_attention` computes its softmax in "
             "float32 even for float64 inputs, and gives the mean of v where we define 0.",

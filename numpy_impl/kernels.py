@@ -87,7 +87,8 @@ def multi_head_attention(
     module.check_inputs(query, key, value, mask, cache, position)  # as the forward it stands in for
     q = module.rotary(module.split_heads(module.w_q(query)), position)  # (B, H, T_q, d_k)
     k, v = module.key_value(key, value, cache, position)  # (B, H_kv, T_k, d_k) each
-    check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
+    if cache is not None:  # the scores span the cache: checked here, as in torch's kernel
+        check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
     if cache is not None and (mask is None or mask.shape[1] == 1):  # one mask for every head
         context = _grouped_attention(q, k, v, mask)  # (B, H, T_q, d_k)
         return module.w_o(module.merge_heads(context)), None  # (B, T_q, d_model)

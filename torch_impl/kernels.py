@@ -154,6 +154,20 @@ def attention_context(
     return context.masked_fill(~has_key, 0.0)  # (..., T_q, d_v), 0 where no key was allowed
 
 
+def _projections(module, query, key, value) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (B, T_q, d_q), k and v (B, T_k, d_kv), in one matmul where they read the same input, as
+    ``nn.MultiheadAttention`` packs them: q, k and v for self-attention, k and v for
+    cross-attention over the memory."""
+    d_q, d_kv = module.w_q.out_features, module.w_k.out_features
+    if query is key and key is value:  # self-attention: one (d_model, d_q + 2 d_kv) matmul
+        qkv = F.linear(query, *_packed(module.w_q, module.w_k, module.w_v))  # (B, T, d_q + 2 d_kv)
+        return qkv.split([d_q, d_kv, d_kv], dim=-1)  # (B, T, d_q), (B, T, d_kv) x2
+    if key is value:  # cross-attention: the memory's keys and values in one matmul
+        k, v = F.linear(key, *_packed(module.w_k, module.w_v)).chunk(2, dim=-1)  # (B, T_k, d_kv) x2
+        return module.w_q(query), k, v  # (B, T_q, d_q), (B, T_k, d_kv) x2
+    return module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_q|T_k, d_q|d_kv)
+
+
 def multi_head_attention(
     module, query, key, value, mask=None, need_weights=False, cache=None, position=0
 ):
@@ -161,26 +175,14 @@ def multi_head_attention(
     if need_weights or (module.dropout.training and module.dropout.rate > 0):
         return NotImplemented  # the weights are wanted, or dropped out (with our dropout mask)
     module.check_inputs(query, key, value, mask, cache, position)  # as the forward it stands in for
-    d_q, d_kv = module.w_q.out_features, module.w_k.out_features
-    if key is None:  # decoding's cross-attention: the memory's keys and values are in the cache
-        q, k, v = module.w_q(query), None, None  # (B, T_q, d_q)
-    elif cache is not None:  # a decoding step: three small products beat packing weights each step
-        q, k, v = module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_new, d_q|d_kv)
-    elif query is key and key is value:  # self-attention: one (d_model, d_q + 2 d_kv) matmul
-        qkv = F.linear(query, *_packed(module.w_q, module.w_k, module.w_v))  # (B, T, d_q + 2 d_kv)
-        q, k, v = qkv.split([d_q, d_kv, d_kv], dim=-1)  # (B, T, d_q), (B, T, d_kv) x2
-    elif key is value:  # cross-attention: the memory's keys and values in one matmul
-        q = module.w_q(query)  # (B, T_q, d_q)
-        k, v = F.linear(key, *_packed(module.w_k, module.w_v)).chunk(2, dim=-1)  # (B, T_k, d_kv) x2
-    else:
-        q, k, v = module.w_q(query), module.w_k(key), module.w_v(value)  # (B, T_q|T_k, d_q|d_kv)
-    q = module.rotary(module.split_heads(q), position)  # (B, H, T_q, d_k)
-    if k is not None:
-        k = module.rotary(module.split_heads(k), position)  # (B, H_kv, T_k, d_k)
-        v = module.split_heads(v)  # (B, H_kv, T_k, d_k)
-    if cache is not None:
-        k, v = cache.update(k, v, position)  # (B, H_kv, T_cache, d_k) each
+    if cache is not None:  # a decoding step: three small products beat packing weights per step
+        q = module.rotary(module.split_heads(module.w_q(query)), position)  # (B, H, T_q, d_k)
+        k, v = module.key_value(key, value, cache, position)  # (B, H_kv, T_cache, d_k) each
         check_mask("mask", mask, (*q.shape[:-1], k.shape[-2]))
+    else:
+        q, k, v = _projections(module, query, key, value)  # (B, T_q|T_k, d_q|d_kv)
+        q, k = module.rotary(module.split_heads(q)), module.rotary(module.split_heads(k))
+        v = module.split_heads(v)  # (B, H_kv, T_k, d_k)
     context = module.merge_heads(attention_context(q, k, v, mask))  # (B, T_q, d_q)
     return module.w_o(context), None  # (B, T_q, d_model)
 
