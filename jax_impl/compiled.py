@@ -51,9 +51,10 @@ def compiled(model: nnx.Module) -> Callable[..., ModelOutput]:
     """``model`` as one XLA program: a callable with the model's arguments that checks them
     eagerly (``model.check_inputs``, which also converts lists and other frameworks' arrays),
     then runs the jit-compiled forward pass on what it returned."""
+    signature = inspect.signature(model.__call__)  # read once, not on every call
 
     def call(*args, **kwargs) -> ModelOutput:  # differs: jax-jit
-        inputs = inspect.signature(model.__call__).bind(*args, **kwargs).arguments  # by name
+        inputs = signature.bind(*args, **kwargs).arguments  # by name
         flags = tuple(bool(inputs.pop(name, False)) for name in _FLAGS)
         arrays = model.check_inputs(**inputs)  # the arrays, in the forward's order
         run = _nnx_jit_run if model.config.dropout > 0 and dropout_active(model) else _plain_jit_run
