@@ -1,0 +1,105 @@
+"""The course's exercises: every solution passes its checker; every known wrong answer fails it,
+with a message naming that mistake; a wrong answer nobody listed gets the first differing element."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from transformer_course import Exercise, Mistake, check, check_exercise
+from transformer_course.build import NOTEBOOKS, chapters
+from transformer_course.exercises import EXERCISES, chapter
+
+SOLUTIONS = NOTEBOOKS / "solutions"
+
+
+def _solutions(stem: str):
+    path = SOLUTIONS / f"{stem}.py"
+    spec = importlib.util.spec_from_file_location(f"solutions_{stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_chapter_has_a_notebook_and_a_solutions_file_and_every_solution_an_exercise():
+    stems = [p.stem for p in chapters()]
+    assert {e.chapter for e in EXERCISES.values()} <= set(stems)
+    for stem in {e.chapter for e in EXERCISES.values()}:
+        names = {e.name for e in chapter(stem)}
+        module = _solutions(stem)
+        written = {n for n in vars(module) if callable(getattr(module, n)) and not n.startswith("_")}
+        assert names <= written, f"solutions/{stem}.py lacks {sorted(names - written)}"
+        source = (NOTEBOOKS / f"{stem}.py").read_text()
+        for name in names:  # the notebook asks for each of its exercises
+            assert f"check({name})" in source, f"{stem}.py never checks {name}"
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_the_solution_passes(name):
+    exercise = EXERCISES[name]
+    result = check(getattr(_solutions(exercise.chapter), name))
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize(
+    "name, mistake",
+    [(name, m.name) for name, e in sorted(EXERCISES.items()) for m in e.mistakes],
+)
+def test_a_known_mistake_fails_with_its_name(name, mistake):
+    exercise = EXERCISES[name]
+    wrong = next(m for m in exercise.mistakes if m.name == mistake)
+    result = check_exercise(exercise, wrong.answer)
+    assert not result.ok
+    assert result.mistake == mistake, str(result)
+    assert f"classic mistake: {mistake}." in result.message
+
+
+def test_every_exercise_has_a_known_mistake():
+    assert all(e.mistakes for e in EXERCISES.values()), [e.name for e in EXERCISES.values() if not e.mistakes]
+
+
+def _scale_exercise(mistakes=()) -> Exercise:
+    return Exercise(
+        name="double",
+        chapter="01_masks",
+        task="double(x) -> 2 x",
+        cases=lambda: [("a 2 x 3 matrix", {"x": np.arange(6.0).reshape(2, 3)})],
+        expected=lambda b, x: b.to_numpy(b.asarray(x["x"]) * 2),
+        mistakes=mistakes,
+    )
+
+
+def test_an_unlisted_wrong_answer_gets_the_first_differing_element_and_no_mistake_name():
+    result = check_exercise(_scale_exercise(), lambda x: np.where(x == 4.0, 0.0, 2 * x))
+    assert not result.ok and result.mistake is None
+    assert "[1, 1]: expected 8.0, got 0.0 (1 of 6 elements differ)" in result.message
+
+
+def test_shape_dtype_exceptions_and_non_arrays_are_reported_not_raised():
+    exercise = _scale_exercise((Mistake("the transpose", "no transpose", lambda x: (2 * x).T),))
+    result = check_exercise(exercise, lambda x: (2 * x).T)
+    assert "expected shape (2, 3), got (3, 2)" in result.message and result.mistake == "the transpose"
+    assert "raised ZeroDivisionError: division by zero" in check_exercise(exercise, lambda x: 1 / 0).message
+    assert "expected an array, got NoneType" in check_exercise(exercise, lambda x: None).message
+    assert "expected dtype float64, got bool" in check_exercise(exercise, lambda x: x > 0).message
+    assert "NaN" not in str(check_exercise(exercise, lambda x: 2 * x))
+
+
+def test_check_refuses_a_function_no_exercise_is_named_after():
+    def not_an_exercise(x):
+        return x
+
+    with pytest.raises(KeyError, match="no exercise named 'not_an_exercise'; expected one of"):
+        check(not_an_exercise)
+
+
+def test_an_answer_that_writes_into_its_inputs_changes_no_later_case_or_backend():
+    def double_in_place(x):
+        x *= 2  # writes into the array it was given
+        return x
+
+    exercise = _scale_exercise((Mistake("in place", "unused", lambda x: x),))
+    assert check_exercise(exercise, double_in_place).ok
+    assert check_exercise(exercise, double_in_place).ok  # the case's own arrays are unchanged

@@ -1,0 +1,58 @@
+"""Every chapter of the course runs top to bottom in a fresh kernel, CPU only, as a learner
+runs it; a cell that raises fails the test. The code a notebook shows is read from the
+backends' files when it runs: a changed docstring in a copy of a backend shows in the notebook."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+
+import pytest
+
+pytest.importorskip("nbclient", reason="the course's tools are not installed: pip install -e '.[notebooks]'")
+pytest.importorskip("jupytext", reason="the course's tools are not installed: pip install -e '.[notebooks]'")
+
+from transformer_backends.names import package  # noqa: E402
+from transformer_course.build import NOTEBOOKS, chapters, execute, read  # noqa: E402
+
+
+def _text(notebook) -> str:
+    """Everything the notebook printed or displayed, as text and HTML."""
+    parts = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            parts.append(output.get("text", ""))
+            data = output.get("data", {})
+            parts.extend(str(data.get(kind, "")) for kind in ("text/plain", "text/html"))
+    return "\n".join(parts)
+
+
+def test_there_are_seventeen_chapters_in_reading_order():
+    names = [p.stem for p in chapters()]
+    assert len(names) == 17, names
+    assert [n[:2] for n in names] == [f"{i:02d}" for i in range(1, 18)]
+
+
+@pytest.mark.parametrize("source", chapters(), ids=lambda p: p.stem)
+def test_the_chapter_runs_top_to_bottom(source):
+    notebook = execute(read(source), NOTEBOOKS, timeout=600)
+    text = _text(notebook)
+    assert "Traceback" not in text
+    errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
+
+
+def test_a_changed_docstring_in_a_backend_shows_in_the_built_notebook(tmp_path):
+    for backend in ("numpy", "jax", "torch"):
+        shutil.copytree(pathlib.Path(__import__(package(backend)).__file__).parent, tmp_path / package(backend))
+    masks = tmp_path / "numpy_impl" / "masks.py"
+    old = "lower triangular: position i may look at positions 0..i only."
+    text = masks.read_text()
+    assert old in text
+    masks.write_text(text.replace(old, "CHANGED IN A TEMPORARY COPY: the lower triangle."))
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    notebook = execute(read(NOTEBOOKS / "01_masks.py"), NOTEBOOKS, env={"PYTHONPATH": path})
+    shown = _text(notebook)
+    assert "CHANGED IN A TEMPORARY COPY: the lower triangle." in shown
+    assert old not in shown.split("numpy_impl/masks.py")[1].split("jax_impl/masks.py")[0]

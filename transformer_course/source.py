@@ -1,0 +1,93 @@
+"""A backend's code, read from its real file when the notebook runs (never a copy that can drift).
+
+``find(backend, file, name)`` is the text of the top-level function or class ``name`` (or one
+method, ``"Class.method"``) in ``<backend>_impl/<file>``, from its first decorator to its last
+line, with its line numbers. The file is located through the imported package, so a notebook
+run against another checkout (``PYTHONPATH``) shows that checkout's code.
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import importlib.util
+import pathlib
+from dataclasses import dataclass
+
+from transformer_backends.names import BACKENDS, package
+
+
+@dataclass(frozen=True)
+class Snippet:
+    backend: str
+    path: str  # <backend>_impl/<file>
+    name: str
+    start: int  # first line, 1-based
+    end: int  # last line, inclusive
+    text: str
+
+
+def backend_file(backend: str, file: str) -> pathlib.Path:
+    """The path of ``file`` inside the backend's package, found without importing the package."""
+    spec = importlib.util.find_spec(package(backend))
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"the {backend} backend ({package(backend)}) is not importable")
+    path = pathlib.Path(next(iter(spec.submodule_search_locations))) / file
+    if not path.exists():
+        raise FileNotFoundError(f"{package(backend)} has no file {file!r}")
+    return path
+
+
+def _defines(node: ast.stmt, name: str) -> bool:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == name
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    return isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name
+
+
+def find(backend: str, file: str, name: str) -> Snippet:
+    """The definition of ``name`` ("function", "Class" or "Class.method") in the backend's ``file``."""
+    path = backend_file(backend, file)
+    text = path.read_text(encoding="utf-8")
+    body = ast.parse(text, filename=str(path)).body
+    node = None
+    for part in name.split("."):
+        node = next((n for n in body if _defines(n, part)), None)
+        if node is None:
+            raise LookupError(f"{package(backend)}/{file} defines no {name!r}")
+        body = getattr(node, "body", [])
+    decorators = getattr(node, "decorator_list", [])
+    start = min([node.lineno, *(d.lineno for d in decorators)])
+    lines = text.splitlines()[start - 1 : node.end_lineno]
+    indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
+    code = "\n".join(line[indent:] for line in lines) + "\n"
+    return Snippet(backend, f"{package(backend)}/{file}", name, start, node.end_lineno, code)
+
+
+class Code:
+    """Three columns of real code, one per backend; HTML in a notebook, plain text elsewhere."""
+
+    def __init__(self, snippets: list[Snippet]):
+        self.snippets = snippets
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def __str__(self) -> str:
+        return "\n".join(f"# {s.path}, lines {s.start}-{s.end}\n{s.text}" for s in self.snippets)
+
+    def _repr_html_(self) -> str:
+        columns = "".join(
+            '<div style="flex:1;min-width:0;overflow-x:auto">'
+            f"<div><b>{html.escape(s.backend)}</b> <code>{html.escape(s.path)}</code>, "
+            f"lines {s.start}&ndash;{s.end}</div>"
+            f'<pre class="course-code" style="font-size:11px;line-height:1.3">{html.escape(s.text)}</pre></div>'
+            for s in self.snippets
+        )
+        return f'<div class="course-three" style="display:flex;gap:12px">{columns}</div>'
+
+
+def show(file: str, name: str, backends: tuple[str, ...] = BACKENDS) -> Code:
+    """``name`` from ``file`` in every backend, side by side, read from the files now."""
+    return Code([find(backend, file, name) for backend in backends])
