@@ -3,15 +3,18 @@
 
     python -m transformer_course.build              # every chapter
     python -m transformer_course.build 04 masks     # the chapters whose file name holds "04" or "masks"
-    python -m transformer_course.build --no-execute # the notebooks without outputs, quickly
+    python -m transformer_course.build --no-execute # the notebooks without outputs, in seconds
 
 Only the built ``.ipynb`` files hold outputs (they are not committed); a cell that raises
-stops the build with the notebook's name, the cell and the error, and exit status 1.
+stops the build with the notebook's name, the cell and the error, and exit status 1. A built
+notebook you have edited (your answers to the exercises) is kept, not overwritten, unless
+you pass ``--force``: each built notebook records a hash of the cells it was built with.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import pathlib
 import sys
@@ -48,10 +51,28 @@ def execute(notebook, cwd: pathlib.Path, timeout: int = 600, env: dict[str, str]
     return notebook
 
 
+def _cells_hash(notebook) -> str:
+    return hashlib.sha256("\x00".join(c.source for c in notebook.cells).encode()).hexdigest()
+
+
+def edited(target: pathlib.Path) -> bool:
+    """Whether the built notebook ``target`` holds edits made after it was built."""
+    import nbformat
+
+    if not target.exists():
+        return False
+    notebook = nbformat.read(target, as_version=4)
+    return notebook.metadata.get("transformer_course", {}).get("cells") != _cells_hash(notebook)
+
+
 def build(source: pathlib.Path, run: bool = True, timeout: int = 600) -> pathlib.Path:
     import nbformat
 
     notebook = read(source)
+    # jupytext's own metadata pairs a notebook with its text file; a built notebook is not paired
+    # (JupyterLab's jupytext extension would open the source in its place)
+    notebook.metadata.pop("jupytext", None)
+    notebook.metadata["transformer_course"] = {"source": source.name, "cells": _cells_hash(notebook)}
     if run:
         execute(notebook, source.parent, timeout)
     target = source.with_suffix(".ipynb")
@@ -63,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m transformer_course.build", description=__doc__.splitlines()[0])
     parser.add_argument("only", nargs="*", help="build only the chapters whose file name contains one of these")
     parser.add_argument("--no-execute", action="store_true", help="write the notebooks without running them")
+    parser.add_argument("--force", action="store_true", help="overwrite built notebooks even where you edited them")
     parser.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
     args = parser.parse_args(argv)
     sources = [p for p in chapters() if not args.only or any(word in p.name for word in args.only)]
@@ -75,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
 
     for source in sources:
         start = time.perf_counter()
+        if not args.force and edited(source.with_suffix(".ipynb")):
+            print(f"kept {source.with_suffix('.ipynb').name}: it holds your edits (--force overwrites it)")
+            continue
         try:
             target = build(source, run=not args.no_execute, timeout=args.timeout)
         except CellExecutionError as error:

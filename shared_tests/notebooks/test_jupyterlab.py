@@ -1,0 +1,136 @@
+"""The course opened as a person opens it: JupyterLab on localhost, a built chapter opened in
+headless Chromium, every cell run from the browser, and the rendered page read back (three
+columns of real code, the agreement table, the picture, the checker's verdicts)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from docs import chromium
+
+websocket = pytest.importorskip("websocket", reason="websocket-client (a jupyter-server dependency) is not installed")
+pytest.importorskip("jupyterlab", reason="the course's tools are not installed: pip install -e '.[notebooks]'")
+pytestmark = pytest.mark.skipif(
+    chromium.find() is None, reason="chromium is not installed (Debian: apt-get install chromium)"
+)
+
+from transformer_course.build import NOTEBOOKS, build  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(url: str, seconds: float) -> bytes:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.read()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+class Page:
+    """One browser tab, driven over the Chrome DevTools protocol."""
+
+    def __init__(self, debug_port: int):
+        targets = json.loads(_wait_for(f"http://127.0.0.1:{debug_port}/json/list", 60))
+        page = next(t for t in targets if t["type"] == "page")
+        self.socket = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=60)
+        self.id = 0
+
+    def send(self, method: str, **params):
+        self.id += 1
+        self.socket.send(json.dumps({"id": self.id, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.socket.recv())
+            if message.get("id") == self.id:
+                if "error" in message:
+                    raise RuntimeError(message["error"])
+                return message["result"]
+
+    def evaluate(self, expression: str):
+        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(result["exceptionDetails"])
+        return result["result"].get("value")
+
+    def wait(self, expression: str, seconds: float):
+        deadline = time.monotonic() + seconds
+        while not self.evaluate(expression):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"after {seconds} s still false: {expression}")
+            time.sleep(0.5)
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A built chapter 1 in a folder of its own, served by JupyterLab; yields (port, token, folder)."""
+    shutil.copy(NOTEBOOKS / "01_masks.py", tmp_path / "01_masks.py")
+    build(tmp_path / "01_masks.py", run=False)  # as `python -m transformer_course.build` writes it: no outputs
+    port, token = _free_port(), "course-test"
+    server = subprocess.Popen(
+        [
+            sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+            "--ServerApp.allow_root=True",  # CI runs as root
+            "--LabApp.expose_app_in_browser=True",  # window.jupyterapp: run the cells as the Run menu does
+            # nothing reaches outside this machine: no extension index, no update or news check
+            "--LabApp.extension_manager=readonly", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/api/status?token={token}", 120)
+        yield port, token, tmp_path
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def test_a_chapter_opens_runs_and_renders_in_jupyterlab_in_chromium(lab, tmp_path_factory):
+    port, token, _ = lab
+    debug_port = _free_port()
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    browser = subprocess.Popen(
+        [
+            chromium.find(), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+            f"--remote-debugging-port={debug_port}", "--window-size=1600,1000",
+            f"http://127.0.0.1:{port}/lab/tree/01_masks.ipynb?token={token}",
+        ],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        page = Page(debug_port)
+        page.wait("typeof window.jupyterapp !== 'undefined' && document.querySelectorAll('.jp-Cell').length > 5", 180)
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        page.wait("document.querySelectorAll('.course-check').length >= 4", 240)
+        text = page.evaluate("document.querySelector('.jp-Notebook').textContent")
+        columns = page.evaluate("document.querySelectorAll('.course-three').length")
+        images = page.evaluate("document.querySelectorAll('.jp-OutputArea-output img').length")
+        tables = page.evaluate("document.querySelectorAll('.course-agreement tr').length")
+        errors = page.evaluate("document.querySelectorAll('.jp-OutputArea-output[data-mime-type*=error]').length")
+    finally:
+        browser.terminate()
+        browser.wait(30)
+    assert columns == 3  # make_causal_mask, make_padding_mask, make_decoder_mask, three backends each
+    assert "numpy_impl/masks.py" in text and "torch_impl/masks.py" in text and "jax_impl/masks.py" in text
+    assert "np.tril(np.ones((seq_len, seq_len), dtype=bool))" in text  # read from the file, rendered
+    assert tables == 4  # a header and one row per backend
+    assert images >= 1  # the masks, drawn
+    assert errors == 0 and "Traceback" not in text
+    assert "This is a classic mistake: the mask's polarity." in text
+    assert text.count("Not yet") == 4  # three unwritten exercises and the wrong answer shown on purpose
