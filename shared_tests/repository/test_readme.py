@@ -16,7 +16,14 @@ MARKER = "<!-- readme-example: shared_tests/repository/test_readme.py runs this 
 README_MAX_LINES, README_MAX_BYTES = 200, 16_000  # a page a newcomer reads to the end; the rest is in docs/
 # The two commands for a fresh machine, exactly: CI (.ci/run) runs the second one's nox sessions.
 INSTALL_AND_COMPARE = 'python3 -m venv .venv && .venv/bin/pip install -e ".[all]" && .venv/bin/transformer-ref compare'
-TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install nox && .venv/bin/nox -s lint parity oracles"
+# The course from a fresh clone: two commands, the second opens it in JupyterLab
+# (shared_tests/notebooks/test_jupyterlab.py opens a chapter so built, in headless Chromium).
+COURSE_COMMANDS = (
+    'python3 -m venv .venv && .venv/bin/pip install -e ".[notebooks]" && '
+    ".venv/bin/python -m transformer_course.build --no-execute",
+    ".venv/bin/jupyter lab notebooks/",
+)
+TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install nox && .venv/bin/nox -s lint parity oracles notebooks"
 
 
 def markdown_pages() -> dict[str, str]:
@@ -156,7 +163,7 @@ def test_the_readme_holds_its_parts_in_order():
     agreement table; the links to the docs pages and CONTRIBUTING.md."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert text.startswith("# The Transformer, three ways\n\n"), "the title, then one paragraph"
-    assert sections(text) == ["How to read it", "Two commands for a fresh machine", "Layout", "Measured agreement", "More"]
+    assert sections(text) == ["How to read it", "Two commands for a fresh machine", "Learn it in notebooks", "Layout", "Measured agreement", "More"]
     order = ["## How to read it", "1. `masks.py`", "11. `gradients.py`", MARKER, INSTALL_AND_COMPARE, TEST_COMMAND,
              "## Layout", "<!-- numbers: agreement -->", "## More", "- [CONTRIBUTING.md](CONTRIBUTING.md)"]  # fmt: skip
     where = [text.find(part) for part in order]
@@ -173,9 +180,15 @@ def test_the_reading_order_names_files_every_backend_has():
         assert not [f for f in files if not (ROOT / package / f).is_file()], f"{package} lacks a file of the reading order"
 
 
+def test_the_readme_opens_the_course_in_two_commands():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Learn it in notebooks") : text.index("## Layout")]
+    assert re.findall(r"```bash\n(.*?)```", section, re.S) == ["\n".join(COURSE_COMMANDS) + "\n"]
+
+
 def test_ci_runs_the_readmes_test_command():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    sessions = TEST_COMMAND.rsplit("/nox ", 1)[1]  # -s lint parity oracles
+    sessions = TEST_COMMAND.rsplit("/nox ", 1)[1]  # -s lint parity oracles notebooks
     assert re.search(rf"^\S*nox {re.escape(sessions)}$", ci, re.M), f"CI does not run nox {sessions}"
 
 
