@@ -79,13 +79,14 @@ class Code:
 
     def _repr_html_(self) -> str:
         columns = "".join(
-            '<div style="flex:1;min-width:0;overflow-x:auto">'
+            '<div style="flex:1 1 640px;min-width:0;overflow-x:auto">'
             f"<div><b>{html.escape(s.backend)}</b> <code>{html.escape(s.path)}</code>, "
             f"lines {s.start}&ndash;{s.end}</div>"
             f'<pre class="course-code" style="font-size:11px;line-height:1.3">{html.escape(s.text)}</pre></div>'
             for s in self.snippets
         )
-        return f'<div class="course-three" style="display:flex;gap:12px">{columns}</div>'
+        # side by side where a 100-character line fits each column, one under another where not
+        return f'<div class="course-three" style="display:flex;flex-wrap:wrap;gap:12px">{columns}</div>'
 
 
 def show(file: str, name: str, backends: tuple[str, ...] = BACKENDS) -> Code:
