@@ -112,6 +112,9 @@ SLOW = {
         "test_attention_command_draws_the_chosen_layers_and_heads",
     },
     "inputs/test_inputs.py": {"test_records_of_another_model_in_another_thread_do_not_reach_the_trace"},
+    # each chapter of the course in a fresh kernel (the real SmolLM2 chapter the longest), JupyterLab in Chromium
+    "notebooks/test_notebooks.py": {"test_the_chapter_runs_top_to_bottom"},
+    "notebooks/test_jupyterlab.py": {"test_a_chapter_opens_runs_and_renders_in_jupyterlab_in_chromium"},
 }
 
 
