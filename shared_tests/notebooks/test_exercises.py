@@ -103,3 +103,24 @@ def test_an_answer_that_writes_into_its_inputs_changes_no_later_case_or_backend(
     exercise = _scale_exercise((Mistake("in place", "unused", lambda x: x),))
     assert check_exercise(exercise, double_in_place).ok
     assert check_exercise(exercise, double_in_place).ok  # the case's own arrays are unchanged
+
+
+def _windows(lines: list[str], size: int = 3) -> set[tuple[str, ...]]:
+    skip = ("#", '"""', "import ", "from ")  # comments, docstrings' ends and imports are no one's code
+    code = [line.strip() for line in lines if line.strip() and not line.strip().startswith(skip)]
+    return {tuple(code[i : i + size]) for i in range(len(code) - size + 1)}
+
+
+def test_no_chapter_pastes_a_backends_code():
+    """Backend code reaches a notebook only through show(), read from the file as the cell runs:
+    no three consecutive code lines of a chapter or its solutions are three lines of a backend file."""
+    backend = set()
+    for package in ("numpy_impl", "jax_impl", "torch_impl"):
+        for path in (NOTEBOOKS.parent / package).glob("*.py"):
+            backend |= _windows(path.read_text(encoding="utf-8").splitlines())
+    pasted = {}
+    for path in [*chapters(), *sorted(SOLUTIONS.glob("*.py"))]:
+        found = _windows(path.read_text(encoding="utf-8").splitlines()) & backend
+        if found:
+            pasted[path.name] = sorted(found)[:2]
+    assert not pasted, f"chapters repeating a backend's lines instead of show()ing them: {pasted}"
