@@ -138,9 +138,10 @@ print("sentence 2, head 0, the first three rows:\n", weights[1, 0, :3].round(3))
 #
 # ## A query with no key: zeros, never NaN
 #
-# That empty row is where hand-written attention goes wrong. Two rows of scores: the first
-# has no allowed key, the second is allowed three keys with large scores (around 1000, as a
-# float32 model never sees but a careless exponent does). Five ways to take their softmax:
+# That empty row is where hand-written attention goes wrong, and so are large scores. Two rows
+# of scores: the first has no allowed key; the second allows three keys whose scores are
+# around 1000, past the point where `exp` overflows (710 in float64, 89 in float32). Five ways
+# to take their softmax:
 
 # %%
 scores = np.array([[2.0, 1.0, 0.5, -1.0], [1000.0, 1002.0, 999.0, 998.0]])  # (2 queries, 4 keys)
