@@ -47,7 +47,13 @@ def _defines(node: ast.stmt, name: str) -> bool:
 
 
 def find(backend: str, file: str, name: str) -> Snippet:
-    """The definition of ``name`` ("function", "Class" or "Class.method") in the backend's ``file``."""
+    """The definition of ``name`` ("function", "Class" or "Class.method") in the backend's ``file``.
+    A module's forward is ``Class.__call__`` in NumPy and Flax NNX and ``Class.forward`` in torch:
+    either name finds each backend's own."""
+    if backend == "torch" and name.endswith(".__call__"):
+        name = name.removesuffix(".__call__") + ".forward"
+    elif backend != "torch" and name.endswith(".forward"):
+        name = name.removesuffix(".forward") + ".__call__"
     path = backend_file(backend, file)
     text = path.read_text(encoding="utf-8")
     body = ast.parse(text, filename=str(path)).body

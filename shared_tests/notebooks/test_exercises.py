@@ -124,3 +124,15 @@ def test_no_chapter_pastes_a_backends_code():
         if found:
             pasted[path.name] = sorted(found)[:2]
     assert not pasted, f"chapters repeating a backend's lines instead of show()ing them: {pasted}"
+
+
+def test_show_reads_each_backends_own_forward_and_refuses_a_name_a_file_lacks():
+    from transformer_course import show
+
+    shown = show("layer_norm.py", "LayerNorm.__call__")
+    assert [s.name for s in shown.snippets] == ["LayerNorm.__call__", "LayerNorm.__call__", "LayerNorm.forward"]
+    assert all(s.text.startswith("def ") and "normalized" not in s.path for s in shown.snippets)
+    with pytest.raises(LookupError, match="numpy_impl/masks.py defines no 'make_everything'"):
+        show("masks.py", "make_everything")
+    with pytest.raises(FileNotFoundError, match="numpy_impl has no file 'nothing.py'"):
+        show("nothing.py", "f")
