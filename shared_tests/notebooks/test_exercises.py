@@ -131,7 +131,8 @@ def test_show_reads_each_backends_own_forward_and_refuses_a_name_a_file_lacks():
 
     shown = show("layer_norm.py", "LayerNorm.__call__")
     assert [s.name for s in shown.snippets] == ["LayerNorm.__call__", "LayerNorm.__call__", "LayerNorm.forward"]
-    assert all(s.text.startswith("def ") and "normalized" not in s.path for s in shown.snippets)
+    assert all("def __call__(" in s.text or "def forward(" in s.text for s in shown.snippets)
+    assert all(s.text.startswith("@fusable") for s in shown.snippets)  # from its first decorator
     with pytest.raises(LookupError, match="numpy_impl/masks.py defines no 'make_everything'"):
         show("masks.py", "make_everything")
     with pytest.raises(FileNotFoundError, match="numpy_impl has no file 'nothing.py'"):
