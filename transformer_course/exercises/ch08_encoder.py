@@ -20,15 +20,16 @@ def _config(norm_first: bool, num_layers: int = 2) -> Config:
                                          num_encoder_layers=num_layers)  # fmt: skip
 
 
-def _strip(params: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+def weights_under(params: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     """The weights under ``prefix.``, named as the part itself names them."""
     return {name[len(prefix) + 1 :]: value for name, value in params.items() if name.startswith(prefix + ".")}
 
 
-class _Part:
-    """A sub-layer, a norm or a layer for the learner to call on NumPy arrays (NumPy's own module,
-    built from the given weights); an attention or a layer gives its output only, not its weights.
-    Each backend's expected answer rebuilds the whole from the same weights (``params``)."""
+class Part:
+    """A sub-layer, a norm or a layer for the learner to call on NumPy arrays (NumPy's own module, built
+    from the given weights); an attention or a layer gives its output only, not its weights. Each
+    backend's expected answer rebuilds the whole from the same weights (``params``). Chapter 9's
+    exercises use it too."""
 
     def __init__(self, class_name: str, config: Config, params: dict[str, np.ndarray]):
         self.class_name, self.config, self.params = class_name, config, params
@@ -55,9 +56,9 @@ LAYER_PARTS = {"self_attn": "MultiHeadAttention", "self_attn_norm": "LayerNorm",
                "ffn_norm": "LayerNorm"}  # fmt: skip
 
 
-def _layer_parts(config: Config, seed: int) -> dict[str, _Part]:
+def _layer_parts(config: Config, seed: int) -> dict[str, Part]:
     params = init_params(config, seed=seed, dtype="float64", component="encoder_layer", nonzero_biases=True)
-    return {name: _Part(class_name, config, _strip(params, name)) for name, class_name in LAYER_PARTS.items()}
+    return {name: Part(class_name, config, weights_under(params, name)) for name, class_name in LAYER_PARTS.items()}
 
 
 def _encoder_layer_cases():
@@ -78,7 +79,7 @@ def _encoder_layer_cases():
     ]
 
 
-def _joined(parts: dict[str, _Part]) -> dict[str, np.ndarray]:
+def _joined(parts: dict[str, Part]) -> dict[str, np.ndarray]:
     """Every part's weights under the part's name: the layer's canonical weights."""
     return {f"{name}.{leaf}": value for name, part in parts.items() for leaf, value in part.params.items()}
 
@@ -128,9 +129,10 @@ def _encoder_stack_cases():
         # the weights of a pre-norm stack: its layers' and its final norm's
         params = init_params(config.replace(norm_first=True), seed=seed, dtype="float64", component="encoder",
                              nonzero_biases=True)  # fmt: skip
-        layers = [_Part("EncoderLayer", config, _strip(params, f"layers.{i}")) for i in range(num_layers)]
+        layers = [Part("EncoderLayer", config, weights_under(params, f"layers.{i}")) for i in range(num_layers)]
+        final_norm = Part("LayerNorm", config, weights_under(params, "norm"))
         return {"x": _hidden(rng, ids, config.d_model), "mask": _mask(ids), "layers": layers,
-                "final_norm": _Part("LayerNorm", config, _strip(params, "norm")), "norm_first": norm_first}  # fmt: skip
+                "final_norm": final_norm, "norm_first": norm_first}  # fmt: skip
 
     return [
         ("post-norm (the paper), 2 layers", case(False, 2, 4)),
