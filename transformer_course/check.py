@@ -84,10 +84,14 @@ def _same(got: np.ndarray, want: np.ndarray, tolerance: float) -> bool:
         return False
     if want.dtype == bool or got.dtype == bool:
         return got.dtype == want.dtype and bool(np.array_equal(got, want))
-    if np.isnan(got).any() or np.isnan(want).any():
-        if not np.array_equal(np.isnan(got), np.isnan(want)):
+    if not (np.issubdtype(got.dtype, np.number) and np.issubdtype(want.dtype, np.number)):
+        return False
+    # NaN and the infinities must sit in the same places (inf - inf would be NaN); the rest is compared
+    nonfinite = ~(np.isfinite(got) & np.isfinite(want))
+    if nonfinite.any():
+        if not np.array_equal(got[nonfinite], want[nonfinite], equal_nan=True):
             return False
-        got, want = np.nan_to_num(got), np.nan_to_num(want)
+        got, want = np.where(nonfinite, 0, got), np.where(nonfinite, 0, want)
     return relative_difference(got, want) <= tolerance
 
 

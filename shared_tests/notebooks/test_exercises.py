@@ -87,6 +87,20 @@ def test_shape_dtype_exceptions_and_non_arrays_are_reported_not_raised():
     assert "NaN" not in str(check_exercise(exercise, lambda x: 2 * x))
 
 
+def test_infinities_and_nans_count_as_equal_where_they_sit_in_the_same_places():
+    exercise = Exercise(
+        name="reciprocal",
+        chapter="01_masks",
+        task="reciprocal(x) -> 1 / x, inf at 0",
+        cases=lambda: [("zeros of both signs, a NaN", {"x": np.array([0.0, -0.0, 2.0, np.nan])})],
+        expected=lambda b, x: b.to_numpy(1 / b.asarray(x["x"])),
+    )
+    with np.errstate(divide="ignore"):
+        assert check_exercise(exercise, lambda x: 1 / x).ok
+        assert not check_exercise(exercise, lambda x: 1 / np.abs(x)).ok  # -inf against inf
+        assert not check_exercise(exercise, lambda x: np.nan_to_num(1 / x)).ok
+
+
 def test_check_refuses_a_function_no_exercise_is_named_after():
     def not_an_exercise(x):
         return x
