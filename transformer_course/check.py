@@ -111,6 +111,8 @@ def _first_difference(got: np.ndarray, want: np.ndarray, tolerance: float) -> st
         wrong = got != want
     else:
         wrong = ~np.isclose(got, want, rtol=0.0, atol=tolerance * max(scale, 1e-300), equal_nan=True)
+    if want.ndim == 0:  # one number: nothing to index
+        return f"expected {want.item()!r}, got {got.item()!r}"
     index = tuple(int(i) for i in np.argwhere(wrong)[0])
     count = int(wrong.sum())
     return (

@@ -101,6 +101,17 @@ def test_infinities_and_nans_count_as_equal_where_they_sit_in_the_same_places():
         assert not check_exercise(exercise, lambda x: np.nan_to_num(1 / x)).ok
 
 
+def test_a_wrong_number_is_reported_as_expected_and_got():
+    exercise = Exercise(
+        name="total",
+        chapter="01_masks",
+        task="total(x) -> the sum of x",
+        cases=lambda: [("six numbers", {"x": np.arange(6.0)})],
+        expected=lambda b, x: b.to_numpy(b.asarray(x["x"]).sum()),
+    )
+    assert check_exercise(exercise, lambda x: x.sum() + 1).message.endswith("expected 15.0, got 16.0.")
+
+
 def test_check_refuses_a_function_no_exercise_is_named_after():
     def not_an_exercise(x):
         return x
