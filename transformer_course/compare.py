@@ -28,10 +28,15 @@ def each(f: Callable[[Backend], Any]) -> dict[str, Any]:
 
 
 def relative_difference(result: Any, reference: Any) -> float:
-    """max |result - reference| / max |reference| (0 when both are all zeros)."""
+    """max |result - reference| / max |reference| over the finite elements (0 when both are all zeros);
+    infinite where a NaN or an infinity of one is not the same in the other."""
     result, reference = np.asarray(result, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     if result.shape != reference.shape:
         raise ValueError(f"shapes differ: {result.shape} against the reference's {reference.shape}")
+    finite = np.isfinite(result) & np.isfinite(reference)  # NaN and the infinities must sit in the same places
+    if not np.array_equal(result[~finite], reference[~finite], equal_nan=True):
+        return float("inf")
+    result, reference = result[finite], reference[finite]
     if result.size == 0:
         return 0.0
     scale = float(np.max(np.abs(reference)))
