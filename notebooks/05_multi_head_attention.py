@@ -43,7 +43,6 @@ from IPython.display import display
 
 import numpy_impl
 from transformer_course import agreement, check, each, show
-from transformer_course.source import Code, find
 from transformer_spec import Config, attention_to_heads, init_params
 
 show("attention.py", "MultiHeadAttention.split_heads")
@@ -79,13 +78,7 @@ print("\nhead 0, reshape alone (position 0's both heads, then half of position 1
 # other two `__call__`, so a three-line helper reads the right method from each file.)
 
 # %%
-def show_forward(file, name):
-    """A module's forward from each backend's file: __call__ in NumPy and JAX, forward in torch."""
-    method = {"numpy": "__call__", "jax": "__call__", "torch": "forward"}
-    return Code([find(backend, file, f"{name}.{m}") for backend, m in method.items()])
-
-
-show_forward("attention.py", "MultiHeadAttention")
+show("attention.py", "MultiHeadAttention.__call__")  # torch's is its forward
 
 # %% [markdown]
 # `key_value` projects and splits the keys and values (while decoding it also joins them to a

@@ -44,20 +44,12 @@ import torch
 from IPython.display import display
 
 from transformer_course import agreement, backends, check, each, show
-from transformer_course.source import Code, find
 from transformer_spec import Config, init_params
 
-
-def show_forward(file, name):
-    """A module's forward from each backend's file: __call__ in NumPy and JAX, forward in torch."""
-    method = {"numpy": "__call__", "jax": "__call__", "torch": "forward"}
-    return Code([find(backend, file, f"{name}.{m}") for backend, m in method.items()])
-
-
-show_forward("layer_norm.py", "LayerNorm")
+show("layer_norm.py", "LayerNorm.__call__")  # torch's is its forward
 
 # %%
-show_forward("layer_norm.py", "RMSNorm")
+show("layer_norm.py", "RMSNorm.__call__")
 
 # %% [markdown]
 # ## The same norms in all three backends

@@ -32,14 +32,13 @@
 # where the formula would divide by zero, gets step 1's rate:
 
 # %%
-import inspect
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from IPython.display import display
 
-from transformer_course import agreement, backends, check, each, show
+from transformer_course import agreement, backends, check, each, show, show_shared
 from transformer_run import schedules
 from transformer_run import train as run_train
 from transformer_run.data import copy_task
@@ -48,14 +47,7 @@ from transformer_spec import Config, init_params
 torch.set_num_threads(1)  # a model this small trains faster on one thread than on several
 
 
-def show_source(function):
-    """A function of the backend-neutral code (transformer_run), read from its file as the cell runs."""
-    lines, start = inspect.getsourcelines(function)
-    path = inspect.getsourcefile(function).split("/transformer_run/")[-1]
-    print(f"# transformer_run/{path}, lines {start}-{start + len(lines) - 1}\n" + "".join(lines))
-
-
-show_source(schedules.warmup_schedule)
+show_shared(schedules.warmup_schedule)
 
 # %% [markdown]
 # On the left, the paper's schedule ($d_{\text{model}} = 512$) with three warm-ups; on the
@@ -117,7 +109,7 @@ show("train.py", "train_step")
 # between backends. Each backend's `train` hands it its own optimizer and `train_step`.
 
 # %%
-show_source(run_train.train_loop)
+show_shared(run_train.train_loop)
 
 # %% [markdown]
 # ## The same run in three backends

@@ -36,29 +36,18 @@
 # from its file as this cell runs:
 
 # %%
-import inspect
-import pathlib
 import time
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from transformer_course import agreement, backends, check, each, show
-from transformer_course.source import Code, Snippet
+from transformer_course import agreement, backends, check, each, show, show_shared
 from transformer_run import TOY_TRANSLATION_MODEL, WordVocab, decoding
 from transformer_run.data import BOS, EOS, TOY_TRANSLATION, pad
 from transformer_spec import Config, init_params, load_params
 
 torch.set_num_threads(1)  # models this small run faster on one thread
-
-
-def show_shared(function):
-    """A function of the backend-neutral code (transformer_run), read from its file as the cell runs."""
-    lines, start = inspect.getsourcelines(function)
-    path = "transformer_run/" + pathlib.Path(inspect.getsourcefile(function)).name
-    end = start + len(lines) - 1
-    return Code([Snippet("shared by the three backends", path, function.__name__, start, end, "".join(lines))])
 
 
 show_shared(decoding.greedy_decode)

@@ -42,14 +42,11 @@ import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 
-import inspect  # noqa: E402
-
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from IPython.display import Markdown, display  # noqa: E402
 
-from transformer_course import agreement, check, each, relative_difference, show  # noqa: E402
-from transformer_course.source import Code, Snippet  # noqa: E402
+from transformer_course import agreement, check, each, relative_difference, show, show_shared  # noqa: E402
 from transformer_run.data_parallel import shard, shard_weights, token_count  # noqa: E402
 from transformer_spec import Config, init_params, param_schema  # noqa: E402
 
@@ -61,14 +58,7 @@ except ImportError:  # the course runs in whichever backends are installed
     pass
 
 
-def source(fn):
-    """A function of the backend-neutral packages (transformer_run, ...), read from its file now."""
-    lines, start = inspect.getsourcelines(fn)
-    path = fn.__module__.replace(".", "/") + ".py"
-    return Code([Snippet("shared", path, fn.__name__, start, start + len(lines) - 1, "".join(lines))])
-
-
-source(shard_weights)
+show_shared(shard_weights)
 
 # %% [markdown]
 # A batch of 8 rows of 8 targets, right-padded to lengths 8, 8, 7, 5, 3, 2, 2, 1, split over 4

@@ -35,7 +35,6 @@
 # breaks it on purpose.
 
 # %%
-import inspect
 import os
 import tempfile
 import warnings
@@ -49,8 +48,7 @@ from transformer_cli.trace import compare_traces
 from transformer_convert.hf_common import linear
 from transformer_convert.hf_llama import _pairs, llama_config, params_from_llama, params_to_llama
 from transformer_convert.rope import convert_rope_layout, halves_to_interleaved
-from transformer_course import agreement, check, each, relative_difference, show
-from transformer_course.source import Code, Snippet
+from transformer_course import agreement, check, each, relative_difference, show, show_shared
 from transformer_spec import Config, init_params, param_schema, save_params
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's, as transformers imports it
@@ -59,13 +57,6 @@ try:
     import transformers
 except ImportError:  # the [oracles] extra brings both
     transformers = None
-
-
-def source(fn):
-    """A function of the backend-neutral packages (transformer_convert, ...), read from its file now."""
-    lines, start = inspect.getsourcelines(fn)
-    path = fn.__module__.replace(".", "/") + ".py"
-    return Code([Snippet("shared", path, fn.__name__, start, start + len(lines) - 1, "".join(lines))])
 
 
 # %% [markdown]
@@ -115,7 +106,7 @@ for ours, (theirs, how) in _pairs(config).items():
         print(f"{ours:42} {str(schema[ours]):>10}   {theirs:46} {str(hf_state[theirs].shape):>10}  {how.__name__}")
 
 # %%
-source(linear)
+show_shared(linear)
 
 # %% [markdown]
 # The transpose is no formality: torch's `nn.Linear` and our `x @ W` agree only with it. A

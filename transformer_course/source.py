@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import html
 import importlib.util
+import inspect
 import pathlib
 from dataclasses import dataclass
 
@@ -93,6 +94,20 @@ class Code:
         )
         # side by side where a 100-character line fits each column, one under another where not
         return f'<div class="course-three" style="display:flex;flex-wrap:wrap;gap:12px">{columns}</div>'
+
+
+def show_shared(obj) -> Code:
+    """A function or class of the code the backends share (``transformer_run``, ``transformer_convert``,
+    ...), read from its file now: one column, since it is written once for all three."""
+    path = pathlib.Path(inspect.getsourcefile(obj))
+    package = obj.__module__.split(".")[0]
+    root = pathlib.Path(importlib.util.find_spec(package).submodule_search_locations[0]).parent
+    node = next(n for n in ast.parse(path.read_text(encoding="utf-8")).body if _defines(n, obj.__name__))
+    text = path.read_text(encoding="utf-8").splitlines()
+    start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+    code = "\n".join(text[start - 1 : node.end_lineno]) + "\n"
+    relative = path.relative_to(root).as_posix()
+    return Code([Snippet("shared by the three backends", relative, obj.__name__, start, node.end_lineno, code)])
 
 
 def show(file: str, name: str, backends: tuple[str, ...] = BACKENDS) -> Code:

@@ -162,3 +162,13 @@ def test_show_reads_each_backends_own_forward_and_refuses_a_name_a_file_lacks():
         show("masks.py", "make_everything")
     with pytest.raises(FileNotFoundError, match="numpy_impl has no file 'nothing.py'"):
         show("nothing.py", "f")
+
+
+def test_show_shared_reads_a_function_the_backends_share_from_its_file():
+    from transformer_course import show_shared
+    from transformer_run import decoding
+
+    (snippet,) = show_shared(decoding.greedy_decode).snippets
+    assert snippet.path == "transformer_run/decoding.py" and snippet.text.startswith("def greedy_decode(")
+    lines = (NOTEBOOKS.parent / snippet.path).read_text(encoding="utf-8").splitlines()
+    assert "\n".join(lines[snippet.start - 1 : snippet.end]) + "\n" == snippet.text
