@@ -113,7 +113,10 @@ SLOW = {
     },
     "inputs/test_inputs.py": {"test_records_of_another_model_in_another_thread_do_not_reach_the_trace"},
     # each chapter of the course in a fresh kernel (the real SmolLM2 chapter the longest), JupyterLab in Chromium
-    "notebooks/test_notebooks.py": {"test_the_chapter_runs_top_to_bottom"},
+    "notebooks/test_notebooks.py": {
+        "test_the_chapter_runs_top_to_bottom",
+        "test_without_the_real_weights_the_real_model_chapter_says_so_and_runs_the_tiny_preset",
+    },
     "notebooks/test_jupyterlab.py": {"test_a_chapter_opens_runs_and_renders_in_jupyterlab_in_chromium"},
 }
 

