@@ -31,7 +31,7 @@ def make_decoder_mask(ids: Array, pad_id: int) -> Array:
 def make_target_mask(tgt_ids: Array, pad_id: int) -> Array:
     """The encoder-decoder's decoder self-attention -> (B, 1, T, T): ``make_decoder_mask``, except
     that position 0, the decoder's start token, is never hidden, even where a model spells it
-    ``pad_id`` (Marian and BART start decoding from their pad token)."""
+    ``pad_id`` (Marian and T5 start decoding from their pad token)."""
     seq_len = tgt_ids.shape[1]
     is_start = jnp.arange(seq_len) == 0  # (T,)
     keep = (tgt_ids != pad_id) | is_start  # (B, T)
@@ -43,6 +43,6 @@ def make_cross_attention_mask(src_ids: Array, pad_id: int) -> Array:
     """Decoder queries over encoder keys: hide the *source* padding -> (B, 1, 1, T_src).
 
     It broadcasts over the T_tgt query rows; its last axis is the source length, not
-    the target length (the mismatch the from-scratch tutorial's decoder stopped on).
+    the target length (the mismatch one of the PyTorch tutorials' decoders stopped on).
     """
     return make_padding_mask(src_ids, pad_id)  # (B, 1, 1, T_src)

@@ -26,7 +26,8 @@ class TokenEmbedding(Module):
     std d_model**-0.5 are not drowned by the unit-amplitude positional sinusoids.
 
     Not Flax's ``nnx.Embed``: its table is called ``embedding`` (ours keeps the canonical
-    ``weight``) and its lookup clamps out-of-range ids to the last row.
+    ``weight``) and its lookup returns a row of NaN for an id past the end and wraps a
+    negative one (``jnp.take``'s default mode, "fill"); the models here refuse both first.
     """
 
     def __init__(self, vocab_size: int, d_model: int, scale: bool, dtype: str = "float32"):
