@@ -133,7 +133,9 @@ show("positional.py", "SinusoidalPositionalEncoding")
 # Four positions from offset 10, in every backend (no weights needed: the table is a function
 # of the config), equal to rows 10 to 13 of the table above; and the answer each backend
 # gives for positions past the table's end, where a NumPy or torch slice would silently return
-# fewer rows and JAX's slice would silently return other ones (it moves the start back):
+# fewer rows, and so would a JAX slice with a fixed offset; with a traced offset (inside a
+# compiled decoding step) JAX's `dynamic_slice` would silently return other rows (it moves the
+# start back so that the slice fits):
 
 # %%
 rows = each(lambda b: b.call(b.impl.SinusoidalPositionalEncoding(config, "float64"), 4, 10))

@@ -42,7 +42,9 @@ show("embeddings.py", "TokenEmbedding")
 # `weight[ids]` does the whole lookup: an integer array of shape `(B, T)` indexing the first
 # axis of a `(V, d_model)` table gives `(B, T, d_model)`. The table is called `weight` in every
 # backend (torch's `nn.Embedding` also calls it so; Flax's `nnx.Embed` calls it `embedding`
-# and clamps an id past the end to the last row, so the backends do not use it).
+# and looks up with `jnp.take`, whose default mode `"fill"` gives a row of NaN for an id
+# $\geq V$ and wraps a negative id, -1 to the last row; only plain `weight[ids]` indexing in
+# JAX clamps an id past the end to the last row. The backends do not use `nnx.Embed`).
 #
 # ## The same lookup in all three backends
 #

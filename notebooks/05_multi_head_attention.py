@@ -75,7 +75,7 @@ print("\nhead 0, reshape alone (position 0's both heads, then half of position 1
 #
 # The layer's forward uses both, with the projections and the attention of chapter 4 between.
 # (`show` takes one name for the three backends; torch calls a module's forward `forward`, the
-# other two `__call__`, so a three-line helper reads the right method from each file.)
+# other two `__call__`, and `show(file, "Class.__call__")` reads torch's `forward` itself.)
 
 # %%
 show("attention.py", "MultiHeadAttention.__call__")  # torch's is its forward

@@ -65,7 +65,7 @@ show("decoder.py", "Decoder.__call__")
 #
 # The decoder's self-attention mask is chapter 1's decoder mask, with one exception: the
 # encoder-decoder's target starts with a start token, and some models spell it with their pad
-# id (Marian and BART start decoding from their pad token). A mask that hides every key equal
+# id (Marian and T5 start decoding from their pad token). A mask that hides every key equal
 # to `pad_id` would hide that start token too. `make_target_mask` keeps position 0 always:
 
 # %%

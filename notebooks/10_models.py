@@ -173,9 +173,11 @@ for kind, config in configs.items():
     print(f"{'':16} " + ", ".join(f"{name} {count}" for name, count in parts.items()))
 
 # %% [markdown]
-# The schema and the three frameworks agree on every model. At these sizes the embeddings and
-# the generator are a large share; at real sizes too. The same count at the sizes of real
-# models (from the schema alone: no weights are made): the paper's base model, BERT-base and
+# The schema and the three frameworks agree on every model. At these tiny sizes the embeddings
+# and the generator are a modest share (about 11% of the encoder-decoder, 17% of the language
+# model); at real sizes, with vocabularies of tens of thousands, they weigh far more (more
+# than half of the paper's base model, as below). The same count at the sizes of real models
+# (from the schema alone: no weights are made): the paper's base model, BERT-base and
 # SmolLM2-135M, whose config is the same class with its own fields:
 
 # %%
@@ -256,8 +258,12 @@ for name, (logits, by_hand) in each(tied_run).items():
 # paper's feed-forward network and `num_kv_heads = num_heads`, no token types and no pooler;
 # they vary `kind`, `norm_first` (and with it `encoder_final_norm` and `decoder_final_norm`),
 # `bias` (every Linear and every LayerNorm has one, or none has), `tie_output` and
-# `positional` (`"sinusoidal"` or `"learned"`). The check counts each backend's model the way
-# its framework does (`framework_count` above).
+# `positional` (`"sinusoidal"` or `"learned"`). The encoder's token table has
+# `src_vocab_size` rows; the decoder's table and the output projection use `tgt_vocab_size`
+# (a decoder-only config still carries the default `src_vocab_size`, which nothing uses). A
+# tied output keeps no bias of its own here (no `generator.logits_bias`: the cases leave
+# `final_logits_bias` off); an untied projection has a bias when `bias` is on. The check counts
+# each backend's model the way its framework does (`framework_count` above).
 
 # %%
 def count_parameters(config):

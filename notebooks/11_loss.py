@@ -60,9 +60,10 @@ from transformer_course import agreement, check, each, show
 show("loss.py", "cross_entropy")
 
 # %% [markdown]
-# The three are the same lines. The frameworks' versions differ only where autograd needs
-# them to: the shift by the row max is held constant (`.detach()`, `stop_gradient`), since no
-# gradient should flow through the choice of $m$ (chapter 12 writes NumPy's gradient by hand).
+# The three are the same lines, except that the frameworks hold the shift by the row max
+# constant (`.detach()`, `stop_gradient`). That is optional: the log-softmax does not change
+# when a whole row is shifted, so the gradient through $m$ cancels exactly, and holding $m$
+# constant only saves autograd that work (chapter 12 writes NumPy's gradient by hand).
 #
 # ## The same loss in all three backends
 #

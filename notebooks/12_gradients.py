@@ -177,7 +177,7 @@ fig.tight_layout()
 
 # %% [markdown]
 # Every weight agrees to about $10^{-15}$ but two: the biases of the **keys**, `w_k.bias`, whose
-# relative difference is of order 1. The right panel says why: their gradients are $10^{-17}$,
+# relative difference is of order 1. The right panel says why: their gradients are about $10^{-18}$,
 # nothing but rounding. In exact arithmetic they are zero. A key bias $b_k$ adds $q \cdot b_k$ to
 # every score of query $q$, the same amount for every key of its row, and the softmax does not
 # change when a whole row is shifted. So the loss does not depend on $b_k$ at all, and each
@@ -248,7 +248,8 @@ check(linear_weight_grad)
 # `softmax_backward(scores, mask, grad_weights)` → the shape of `scores` `(..., T_q, T_k)`: the
 # gradient with respect to the scores of the masked softmax of chapter 4 (over the last axis;
 # mask True = may attend; a row with no allowed key has all-zero weights), given
-# `grad_weights` $= \partial L / \partial s$.
+# `grad_weights` $= \partial L / \partial w$, the gradient with respect to the softmax's
+# output $w$ = `masked_softmax(scores, mask)` (the weights), not with respect to the scores.
 
 # %%
 def softmax_backward(scores, mask, grad_weights):

@@ -22,8 +22,10 @@
 # | positions | a table added to the embeddings | **rotary**: q and k rotated in each head | `positional="rotary"` |
 # | key/value heads | one per query head | **grouped-query**: $H_{kv} < H$ | `num_kv_heads` |
 #
-# plus pre-norm (chapter 7), no biases anywhere, and the output projection tied to the token
-# embedding. One layer of such a model is
+# plus pre-norm (chapter 7) and no biases (Qwen keeps biases on the query, key and value
+# projections). SmolLM2, like the small Llama 3.2 and Qwen models, also ties the output
+# projection to the token embedding; Llama 2 and 3 (7B and up) and Mistral do not.
+# One layer of such a model is
 #
 # $$ h = x + \mathrm{Attention}\big(\mathrm{RMSNorm}(x)\big), \qquad
 #    y = h + \mathrm{SwiGLU}\big(\mathrm{RMSNorm}(h)\big). $$
@@ -131,7 +133,7 @@ agreement(swiglu)
 # query and key vectors by their position. The $d_k$ features of a head form $d_k/2$ pairs;
 # pair $i$ of the token at position $m$ is rotated by the angle $m\,\omega_i$, with
 # $\omega_i = \theta^{-2i/d_k}$ (pair 0 fastest, one radian per position; $\theta = 10000$ in
-# the paper, 100000 in SmolLM2, 500000 in Llama 3):
+# RoFormer and Llama 1/2, 100000 in SmolLM2, 500000 in Llama 3):
 #
 # $$ \begin{pmatrix} x'_a \\ x'_b \end{pmatrix} =
 #    \begin{pmatrix} \cos m\omega_i & -\sin m\omega_i \\ \sin m\omega_i & \cos m\omega_i \end{pmatrix}

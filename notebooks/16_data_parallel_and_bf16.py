@@ -17,9 +17,9 @@
 #   of every batch, compute gradients on their rows, and add the gradients up. Done right, the
 #   step is *exactly* the one-device step on the whole batch, up to the order of float sums;
 # - **bf16 mixed precision**: the weights, gradients and Adam's moments stay float32, while the
-#   forward and backward passes run in bfloat16, a 16-bit float with float32's range and three
-#   significant digits. This one does change the numbers, a little, and is held to an error
-#   budget rather than a tolerance.
+#   forward and backward passes run in bfloat16, a 16-bit float with float32's range and two to
+#   three significant decimal digits (8 significant bits). This one does change the numbers, a
+#   little, and is held to an error budget rather than a tolerance.
 #
 # ## Data parallel: what the replicas must add up to
 #
@@ -44,7 +44,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from IPython.display import Markdown, display  # noqa: E402
+from IPython.display import display  # noqa: E402
 
 from transformer_course import agreement, check, each, relative_difference, show, show_shared  # noqa: E402
 from transformer_run.data_parallel import shard, shard_weights, token_count  # noqa: E402
@@ -198,7 +198,7 @@ print(f"one device:        loss {one_loss:.6f}")
 # `transformer_run.data_parallel.rank_seed`: replica $r$ draws its masks from its own seed,
 # or all replicas would drop the same features of their (different) rows.
 #
-# ## bf16: float32's range, three digits
+# ## bf16: float32's range, two to three digits
 #
 # A float is a sign, an exponent and a mantissa. The three formats that matter here:
 #
@@ -250,7 +250,8 @@ fig.tight_layout()
 from transformer_run.mixed_precision import BUDGET, OPS, gradients_error  # noqa: E402
 
 table = ["| op | torch.autocast | Flax compute dtype (JAX) |", "| --- | --- | --- |"]
-display(Markdown("\n".join(table + [f"| {op} | {autocast} | {compute} |" for op, autocast, compute in OPS])))
+table = "\n".join(table + [f"| {op} | {autocast} | {compute} |" for op, autocast, compute in OPS])
+display({"text/markdown": table, "text/plain": table}, raw=True)  # the same table where Markdown is not rendered
 
 # %% [markdown]
 # torch's and NumPy's mixed precision is a context around the forward pass; JAX's is a copy of
@@ -304,10 +305,10 @@ print(f"the test suite's budget for the gradient: {BUDGET['gradients']:.0e}")
 
 # %% [markdown]
 # Under a thousandth on the loss, 1 to 3% on the gradient, and the gradient float32, for the
-# float32 weights: bf16's three significant digits, as promised (the logits are about 1% off). The
-# compute-dtype policy (JAX's, and NumPy's emulation of it) is a little further off than
-# autocast, because its residual stream is bf16 too. The two implementations of one policy do
-# not agree bit for bit (XLA fuses operations and rounds fewer intermediates; oneDNN sums in
+# float32 weights: bf16's two to three significant digits, as promised (the logits are about
+# 1% off). The compute-dtype policy (JAX's, and NumPy's emulation of it) is a little further
+# off than autocast, because its residual stream is bf16 too. The two implementations of one
+# policy do not agree bit for bit (XLA fuses operations and rounds fewer intermediates; oneDNN sums in
 # blocks), so bf16 is held to these budgets, never to float32's tolerances.
 #
 # What counts is whether training still works. 40 Adam steps on a copy task (each row is 5

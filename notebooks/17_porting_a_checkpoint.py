@@ -21,7 +21,7 @@
 #   and computes $y = x W_{\text{torch}}^\top + b$; ours is `[in, out]` and computes $y = x W + b$
 #   (the paper's equations), so
 #   $$ W = W_{\text{torch}}^\top; $$
-#   and the rotary embedding pairs the features of q and k one way or the other (chapter 2),
+#   and the rotary embedding pairs the features of q and k one way or the other (chapter 15),
 #   so q and k may need their rows permuted;
 # - **what is not a weight**: a tied output projection stored twice, rotary frequencies kept as
 #   a buffer. The converters check such entries against the config, then leave them out.
@@ -141,7 +141,7 @@ else:
 
 # %% [markdown]
 # float32 agreement, about $10^{-7}$ of the logits' scale: the port is right (a wrong weight
-# gives differences of order 1, as below).
+# gives differences of order 0.1, as below).
 #
 # ## Through a file, into every backend and out again
 #
@@ -176,7 +176,8 @@ exported = params_to_llama(back["torch"], config)
 print("every tensor bit for bit the original:", all(np.array_equal(exported[k], hf_state[k]) for k in hf_state))
 if transformers is not None:
     fresh = transformers.LlamaForCausalLM(hf_config).eval()
-    print(fresh.load_state_dict({name: torch.from_numpy(value) for name, value in exported.items()}, strict=True))
+    missing, unexpected = fresh.load_state_dict({k: torch.from_numpy(v) for k, v in exported.items()}, strict=True)
+    print("strict load:", "no missing or unexpected keys" if not missing and not unexpected else (missing, unexpected))
     with torch.no_grad():
         again = fresh(torch.from_numpy(ids)).logits.numpy()
     print("its logits equal the original model's:", np.array_equal(again, logits["transformers"]))
@@ -231,7 +232,7 @@ for name, (_, first) in found.items():
 # it is computed from it.
 #
 # Two more ports, traced the same way: q and k **left in the interleaved rotary layout** (as a
-# GGUF file stores them, chapter 2's other pairing) while the model rotates in halves; and the
+# GGUF file stores them, chapter 15's other pairing) while the model rotates in halves; and the
 # same weights run **as interleaved** (`convert_rope_layout` and `rope_layout="interleaved"`),
 # which is a correct port too. Each intermediate's difference from the right port, in the order
 # the forward pass makes them:

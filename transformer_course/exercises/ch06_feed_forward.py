@@ -168,8 +168,8 @@ EXERCISES = [
             ),
             Mistake(
                 "erf(x) instead of erf(x / sqrt(2))",
-                "Phi(x) = (1 + erf(x / sqrt(2))) / 2: erf is the distribution function of a normal of variance "
-                "1/2, so the standard normal's needs x / sqrt(2).",
+                "Phi(x) = (1 + erf(x / sqrt(2))) / 2: (1 + erf(x)) / 2 is the distribution function of a normal of "
+                "variance 1/2, so the standard normal's needs x / sqrt(2).",
                 lambda x: 0.5 * x * (1.0 + erf(x)),
             ),
             Mistake(

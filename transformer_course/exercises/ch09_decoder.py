@@ -46,7 +46,7 @@ _TARGET_MASK = Exercise(
     mistakes=(
         Mistake(
             "the start position hidden",
-            "Marian and BART start decoding from their pad token: hiding every key equal to pad_id hides the "
+            "Marian and T5 start decoding from their pad token: hiding every key equal to pad_id hides the "
             "start token too, and the first query then attends to nothing at all. Keep position 0: "
             "(tgt_ids != pad_id) | (np.arange(T) == 0).",
             lambda tgt_ids, pad_id: _not_padding(tgt_ids, pad_id)[:, None, None, :] & _causal(tgt_ids.shape[1]),

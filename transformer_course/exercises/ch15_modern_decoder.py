@@ -77,7 +77,7 @@ def _rope_mistakes(layout: str) -> tuple[Mistake, ...]:
         Mistake(
             "the frequency base fixed at 10000",
             "pair i turns by theta^(-2i/d_k) per position with the model's own theta (rope_theta: 100000 for "
-            "SmolLM2, 500000 for Llama 3); 10000 is only the paper's and Llama 2's value.",
+            "SmolLM2, 500000 for Llama 3); 10000 is only RoFormer's and Llama 1/2's value.",
             lambda x, offset, theta: _rotate(x, offset, 10000.0, layout),
         ),
         Mistake(
