@@ -24,8 +24,9 @@ from transformer_spec.checks import WeightsError, WeightsFileError, check_params
 from transformer_spec.config import Config
 from transformer_spec.schema import Schema, param_schema
 
-from .hf_common import check_buffer, check_state_dict
+from .hf_common import check_buffer, check_state_dict, field
 
+MODEL = "BERT"
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
@@ -36,10 +37,16 @@ def bert_config(hf: Mapping[str, object]) -> Config:
         raise ValueError(f"hidden_act {act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(f"position_embedding_type {hf['position_embedding_type']!r}: only 'absolute' is supported")
+    d_model, heads, d_ff, layers, vocab, positions = (
+        int(field(hf, name, model=MODEL))  # each required: a missing one is named
+        for name in (
+            "hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers", "vocab_size",
+            "max_position_embeddings",
+        )
+    )  # fmt: skip
     return Config(
-        kind="encoder_only", d_model=int(hf["hidden_size"]), num_heads=int(hf["num_attention_heads"]),
-        d_ff=int(hf["intermediate_size"]), num_encoder_layers=int(hf["num_hidden_layers"]), num_decoder_layers=0,
-        src_vocab_size=int(hf["vocab_size"]), max_len=int(hf["max_position_embeddings"]),
+        kind="encoder_only", d_model=d_model, num_heads=heads, d_ff=d_ff, num_encoder_layers=layers,
+        num_decoder_layers=0, src_vocab_size=vocab, max_len=positions,
         activation=_ACTIVATIONS[act], positional="learned", layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
         scale_embeddings=False, type_vocab_size=int(hf.get("type_vocab_size", 2)), embedding_norm=True,
         pooler=True, pad_id=int(hf.get("pad_token_id", 0) or 0),

@@ -89,6 +89,8 @@ def check_token_ids(
     check_integer_ids(name, dtype, is_integer)
     if len(shape) != 2:
         raise ValueError(f"{name} must have shape (batch, seq_len), got shape {_shape(shape)}")
+    if shape[0] == 0:  # refused up front: the layers' reshapes and JAX's steps fail on it obscurely
+        raise ValueError(f"{name} must hold at least one sequence, got shape {_shape(shape)}")
     if shape[1] == 0:
         raise ValueError(f"{name} must hold at least one token, got shape {_shape(shape)}")
     if offset < 0:  # NumPy and torch slices would read the positional table from its end, JAX clamp

@@ -53,8 +53,7 @@ def check_weights(
     are finite (``allow_non_finite``: NaN and inf pass). Raises ``WeightsError`` naming the keys."""
     if not isinstance(config, Config):
         raise TypeError(f"config must be a transformer_spec.Config, got {type(config).__name__}")
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a dict of canonical names -> arrays, got {type(params).__name__}")
+    check_params_container(params)
     arrays = {str(name): np.asarray(value) for name, value in params.items()}
     check_params({k: v.shape for k, v in arrays.items()}, param_schema(config), what=what)
     check_params_dtype({k: str(v.dtype) for k, v in arrays.items()})
@@ -196,6 +195,14 @@ def stored_config(path: str, text: str) -> Config:
         raise WeightsFileError(f"{path!r} holds an invalid config: {error}") from None
 
 
+def check_params_container(params: Any) -> None:
+    """Weights come as a mapping of canonical names to arrays; anything else (None, a list of
+    (name, array) pairs, a module) is refused here, naming what came, before any key is read."""
+    if not isinstance(params, Mapping):
+        hint = " (dict(pairs) makes one from (name, array) pairs)" if isinstance(params, (list, tuple)) else ""
+        raise TypeError(f"params must be a dict of canonical names -> arrays, got {type(params).__name__}{hint}")
+
+
 def check_weights_to_load(
     module_class: type,
     config: Config,
@@ -208,6 +215,7 @@ def check_weights_to_load(
     does not), the weights share one float dtype, every value is finite (``WeightsError``
     naming each key holding NaN or inf and how many, unless ``allow_non_finite``), and
     ``dtype`` (None: theirs) is float32 or float64. -> (that schema, the dtype to load the weights in)."""
+    check_params_container(params)
     schema = param_schema(config, module_class.schema)
     check_params({k: tuple(np.shape(v)) for k, v in params.items()}, schema, what=f"{module_class.__name__}'s config")
     found = check_params_dtype({k: str(np.asarray(v).dtype) for k, v in params.items()})

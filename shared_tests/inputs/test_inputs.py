@@ -220,6 +220,16 @@ INPUT_CASES = {
         ValueError,
         ["at least one token"],
     ),
+    "ids-no-sequences": (
+        lambda b: b.call(_model(b), np.zeros((0, 5), np.int64)),
+        ValueError,
+        ["ids must hold at least one sequence", "(0, 5)"],
+    ),
+    "src-ids-no-sequences": (
+        lambda b: b.call(_model(b, TINY), np.zeros((0, 3), np.int64), np.zeros((0, 2), np.int64)),
+        ValueError,
+        ["src_ids must hold at least one sequence", "(0, 3)"],
+    ),
     "ids-negative-list": (lambda b: b.call(_model(b), [[1, -3]]), ValueError, ["[0, 53)", "[-3]"]),
     "ids-unsigned-out-of-range": (
         _unsigned_out_of_range,
@@ -390,6 +400,9 @@ DECODING_CASES = {
     "bool-src": (lambda b: _greedy(b, np.ones((2, 3), bool)), TypeError, ["integer token ids", "bool"]),
     "ragged-src": (lambda b: _greedy(b, [[1, 2], [3]]), ValueError, ["src_ids", "ragged"]),
     "1d-src": (lambda b: _greedy(b, np.array([1, 2])), ValueError, ["(batch, seq_len)"]),
+    "empty-batch-greedy": (lambda b: _greedy(b, np.zeros((0, 5), np.int64)), ValueError, ["at least one sequence"]),
+    "empty-batch-beam": (lambda b: _beam(b, np.zeros((0, 5), np.int64)), ValueError, ["at least one sequence"]),
+    "empty-batch-sample": (lambda b: _sample(b, np.zeros((0, 5), np.int64)), ValueError, ["at least one sequence"]),
     "beam-size-0": (lambda b: _beam(b, beam_size=0), ValueError, ["beam_size must be a positive integer", "0"]),
     "beam-size-negative": (lambda b: _beam(b, beam_size=-2), ValueError, ["beam_size", "-2"]),
     "beam-size-float": (lambda b: _beam(b, beam_size=1.5), ValueError, ["beam_size", "1.5"]),

@@ -255,3 +255,29 @@ def test_their_names_hold_the_tensors_the_libraries_give_them(name):
         assert np.array_equal(tensor, params[ours]), f"{theirs} does not hold our {ours}"
     back = converter.from_theirs(state, converter.config)
     assert all(np.array_equal(back[k], params[k]) for k in params)
+
+
+_BERT_JSON = {
+    "hidden_size": 36, "num_attention_heads": 3, "intermediate_size": 48, "num_hidden_layers": 2,
+    "vocab_size": 53, "max_position_embeddings": 16,
+}  # fmt: skip
+_LLAMA_JSON = {
+    "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48, "num_hidden_layers": 2,
+    "vocab_size": 64, "pad_token_id": 0,
+}  # fmt: skip
+_GPT2_JSON = {"n_embd": 32, "n_head": 4, "n_layer": 2, "vocab_size": 64, "pad_token_id": 0}
+
+
+@pytest.mark.parametrize(
+    "convert, config_json, name",
+    [(bert_config, _BERT_JSON, n) for n in _BERT_JSON]
+    + [(llama_config, _LLAMA_JSON, n) for n in _LLAMA_JSON if n != "pad_token_id"]
+    + [(gpt2_config, _GPT2_JSON, n) for n in _GPT2_JSON if n != "pad_token_id"],
+    ids=lambda v: v if isinstance(v, str) else getattr(v, "__name__", ""),
+)
+def test_a_config_json_lacking_a_required_field_is_refused_naming_the_field(convert, config_json, name):
+    """Every converter, not only the one a user tried: the error names the missing field, never a bare KeyError."""
+    convert(dict(config_json))  # complete: converts
+    lacking = {k: v for k, v in config_json.items() if k != name}
+    with pytest.raises(ValueError, match=rf"config has no '{name}' field"):
+        convert(lacking)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -152,6 +153,24 @@ def test_non_finite_weights_are_refused_by_every_backend_unless_asked(backend, t
     with pytest.raises(WeightsError, match="non-finite"):
         backend.impl.load_model(str(tmp_path / "w.safetensors"))
     backend.impl.load_model(str(tmp_path / "w.safetensors"), allow_non_finite=True)
+
+
+@pytest.mark.parametrize(
+    "weights, words",
+    [
+        (None, "got NoneType"),
+        ("pairs", "got list (dict(pairs) makes one from (name, array) pairs)"),
+        ("array", "got ndarray"),
+    ],
+)
+def test_weights_that_are_not_a_dict_are_refused_by_every_backend_naming_what_came(backend, weights, words):
+    params = init_params(LM)
+    weights = {"pairs": list(params.items()), "array": np.zeros(3)}.get(weights, weights)
+    with pytest.raises(TypeError, match=r"params must be a dict of canonical names -> arrays, " + re.escape(words)):
+        backend.impl.from_params(backend.impl.TransformerLM, LM, weights)
+    if weights is not None:  # build_model(config) without weights draws the seeded ones
+        with pytest.raises(TypeError, match="params must be a dict of canonical names -> arrays"):
+            backend.impl.build_model(LM, weights)
 
 
 @pytest.mark.parametrize(
