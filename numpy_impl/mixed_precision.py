@@ -133,9 +133,9 @@ def _float_arrays(model) -> list[tuple[object, str, np.ndarray]]:
 
 
 @contextmanager
-def compute_in_bf16(model, policy: str = "autocast") -> Iterator[None]:
-    """Inside: ``model`` computes in bf16 as ``policy`` says, its float32 weights kept aside and
-    put back after.
+def compute_in_bf16(model, policy: str | None = None) -> Iterator[None]:
+    """Inside: ``model`` computes in bf16 as ``policy`` says (None: NumPy's default, the first of
+    ``BACKEND_POLICY["numpy"]``), its float32 weights kept aside and put back after.
 
     ``"autocast"``: a Linear layer's weight and bias are rounded to bf16 (as torch.autocast casts
     them for each linear call); every other array (embeddings, norms, positional tables) stays

@@ -23,8 +23,9 @@ from transformer_run.mixed_precision import check_compute_dtype, check_master_dt
 
 
 @contextmanager
-def compute_in_bf16(model: nn.Module, policy: str = "autocast") -> Iterator[None]:
-    """Inside: ``model``'s forward runs under ``torch.autocast(<its device>, torch.bfloat16)``."""
+def compute_in_bf16(model: nn.Module, policy: str | None = None) -> Iterator[None]:
+    """Inside: ``model``'s forward runs under ``torch.autocast(<its device>, torch.bfloat16)``
+    (``policy``: "autocast", torch's one, or None)."""
     check_policy("torch", policy)
     weight = next(model.parameters())
     check_master_dtype(str(weight.dtype).removeprefix("torch."))

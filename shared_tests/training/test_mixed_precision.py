@@ -202,3 +202,49 @@ def test_bf16_training_draws_new_dropout_masks_each_step_reproducibly(backend):
 
     losses = run()
     assert len(set(losses)) == 3 and run() == losses
+
+
+# Which dtype and which policy a bf16 pass ran under, read from what it computed: an error budget
+# cannot tell bf16 from float16 (float16 is the more precise: it meets every bf16 budget and floor).
+# The default policy is each framework's own; NumPy's default emulates torch.autocast.
+DEFAULT_POLICY = {"numpy": "autocast", "torch": "autocast", "jax": "compute_dtype"}
+FINGERPRINT_RUNS = [*RUNS, *((backend, None) for backend in DEFAULT_POLICY)]
+
+
+def _bf16_trace(backend: str, policy: str | None):
+    """Every named intermediate of a tiny language model's bf16 forward pass under ``policy``."""
+    from transformer_backends import get_backend
+    from transformer_spec import Config
+    from transformer_spec.checks import inputs_checked
+
+    mixed = module(backend, "mixed_precision")  # skips when the backend is missing
+    b = get_backend(backend)
+    config = Config.preset("tiny-lm")
+    model = b.impl.build_model(config, init_params(config, seed=0))
+    checked = model.check_inputs(b.asarray(np.array([[5, 17, 3, 29, 8, 11]])))
+    if backend == "jax":  # Flax's compute dtype: a bf16 copy of the model (jax_impl.mixed_precision)
+        mixed.check_policy("jax", policy)
+        with inputs_checked():
+            return b.impl.trace_model(mixed.in_compute_dtype(model), *checked)
+    options = {} if policy is None else {"policy": policy}
+    with mixed.compute_in_bf16(model, **options), inputs_checked():
+        return b.impl.trace_model(model, *checked)
+
+
+def _in_bf16(x: np.ndarray) -> bool:
+    x = np.asarray(x, np.float32)
+    return bool(np.array_equal(x, x.astype(ml_dtypes.bfloat16).astype(np.float32)))
+
+
+@pytest.mark.parametrize("backend, policy", FINGERPRINT_RUNS, ids=[f"{b}-{p or 'default'}" for b, p in FINGERPRINT_RUNS])
+def test_a_bf16_pass_computes_in_bfloat16_under_its_policy(backend, policy):
+    trace = _bf16_trace(backend, policy)
+    policy = policy or DEFAULT_POLICY[backend]
+    projection = trace["decoder.layers.0.self_attn.q"]  # a Linear layer's output: bf16 under every policy
+    norm = trace["decoder.layers.0.self_attn_norm.output"]  # float32 under autocast, bf16 under compute_dtype
+    assert projection.dtype == ml_dtypes.bfloat16, f"the projection came out in {projection.dtype}, not bfloat16"
+    assert _in_bf16(projection) and not _in_bf16(projection.astype(np.float32) * (1 + 2.0**-10))
+    if policy == "autocast":  # torch.autocast runs normalisation in float32
+        assert norm.dtype == np.float32 and not _in_bf16(norm), f"{backend} autocast normalised in {norm.dtype}"
+    else:  # Flax's dtype=bfloat16: every op, the norms too
+        assert norm.dtype == ml_dtypes.bfloat16 and _in_bf16(norm)
