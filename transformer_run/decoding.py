@@ -149,9 +149,11 @@ def beam_search(
     pad: int = 0,
 ) -> BeamResult:
     """Keep the ``beam_size`` best partial hypotheses per source; a hypothesis that emits
-    <eos> is finished. Stop once every source has ``beam_size`` finished hypotheses, or at
-    ``max_len``. The answer is the finished (or, if none finished, running) hypothesis with
-    the best log-probability / (generated length ** length_penalty)."""
+    <eos> is finished. A source is done once it has ``beam_size`` finished hypotheses (Hugging
+    Face's ``early_stopping=True``): from then on it collects none, so its answer does not depend
+    on the other sources of its batch. Stop when every source is done, or at ``max_len``. The
+    answer is the finished (or, if none finished, running) hypothesis with the best
+    log-probability / (generated length ** length_penalty)."""
     check_steps(max_len, eos)
     check_beam(beam_size, length_penalty)
     src_ids = host_ids(src_ids)  # (B, T_src)
@@ -171,7 +173,8 @@ def beam_search(
         new_tokens, new_scores, new_rows = [], [], []
         for b in range(batch):
             keep_tokens, keep_scores, keep_rows = [], [], []
-            for rank, index in enumerate(best[b]):
+            done = len(finished[b]) >= k  # this source collects no more, as if decoded alone: dead beams
+            for rank, index in enumerate(() if done else best[b]):
                 beam, token = divmod(int(index), vocab)
                 score = float(flat[b, index])
                 if not np.isfinite(score):

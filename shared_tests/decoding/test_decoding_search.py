@@ -89,3 +89,22 @@ def test_beam_search_with_no_finished_hypothesis_returns_the_best_running_one_le
         best = int(np.argmax(log_probs))
         assert result.ids[row].tolist() == candidates[best]
         assert abs(result.scores[row] - log_probs[best] / max_len**length_penalty) < 1e-12
+
+
+# ------------------------------------------------------------------ beam search, row by row
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("beam_size", [2, 3])
+def test_a_sources_beams_do_not_depend_on_the_rest_of_its_batch(seed, beam_size):
+    """Decoded alone or beside sources that run longer, a source gets the same hypothesis and
+    score: once it has beam_size finished hypotheses it collects no more (Hugging Face's
+    early_stopping=True), whatever the other rows still do."""
+    stepper = MarkovStepper(seed=seed)
+    stepper.table[..., EOS] += np.random.default_rng(100 + seed).uniform(-1.0, 3.0, (3, 1, 8))  # eos early or late
+    src = np.array([[0], [1], [2]])
+    batched = beam_search(stepper, src, BOS, EOS, max_len=7, beam_size=beam_size, length_penalty=1.0)
+    for row in range(3):
+        alone = beam_search(stepper, src[row : row + 1], BOS, EOS, max_len=7, beam_size=beam_size, length_penalty=1.0)
+        hypothesis = alone.ids[0].tolist()
+        assert batched.ids[row, : len(hypothesis)].tolist() == hypothesis
+        assert (batched.ids[row, len(hypothesis) :] == 0).all()
+        assert batched.scores[row] == alone.scores[0]
