@@ -27,7 +27,6 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-import ml_dtypes
 import numpy as np
 
 __all__ = ["Trace", "is_recording", "record", "recording"]
@@ -91,8 +90,8 @@ def is_recording() -> bool:
 def _to_numpy(value) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor: leave the autograd graph and the device
         value = value.detach().cpu()
-        if str(value.dtype) == "torch.bfloat16":  # NumPy has no bfloat16: through float32, exactly
-            return value.float().numpy().astype(ml_dtypes.bfloat16)
+        if str(value.dtype) == "torch.bfloat16":  # NumPy has no bfloat16: recorded in float32, exactly
+            value = value.float()
         value = value.numpy()
     return np.array(value)  # a copy: later in-place updates must not change the record
 
