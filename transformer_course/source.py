@@ -56,20 +56,29 @@ def find(backend: str, file: str, name: str) -> Snippet:
     elif backend != "torch" and name.endswith(".forward"):
         name = name.removesuffix(".forward") + ".__call__"
     path = backend_file(backend, file)
+    try:
+        start, end, code = cut(path, name)
+    except LookupError:
+        raise LookupError(f"{package(backend)}/{file} defines no {name!r}") from None
+    return Snippet(backend, f"{package(backend)}/{file}", name, start, end, code)
+
+
+def cut(path: pathlib.Path, name: str) -> tuple[int, int, str]:
+    """(first line, last line, text) of the definition of ``name`` ("f", "Class" or "Class.method")
+    in ``path``, from its first decorator, dedented; LookupError when the file has none."""
     text = path.read_text(encoding="utf-8")
     body = ast.parse(text, filename=str(path)).body
     node = None
     for part in name.split("."):
         node = next((n for n in body if _defines(n, part)), None)
         if node is None:
-            raise LookupError(f"{package(backend)}/{file} defines no {name!r}")
+            raise LookupError(f"{path} defines no {name!r}")
         body = getattr(node, "body", [])
     decorators = getattr(node, "decorator_list", [])
     start = min([node.lineno, *(d.lineno for d in decorators)])
     lines = text.splitlines()[start - 1 : node.end_lineno]
     indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
-    code = "\n".join(line[indent:] for line in lines) + "\n"
-    return Snippet(backend, f"{package(backend)}/{file}", name, start, node.end_lineno, code)
+    return start, node.end_lineno, "\n".join(line[indent:] for line in lines) + "\n"
 
 
 class Code:
@@ -102,12 +111,9 @@ def show_shared(obj) -> Code:
     path = pathlib.Path(inspect.getsourcefile(obj))
     package = obj.__module__.split(".")[0]
     root = pathlib.Path(importlib.util.find_spec(package).submodule_search_locations[0]).parent
-    node = next(n for n in ast.parse(path.read_text(encoding="utf-8")).body if _defines(n, obj.__name__))
-    text = path.read_text(encoding="utf-8").splitlines()
-    start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-    code = "\n".join(text[start - 1 : node.end_lineno]) + "\n"
+    start, end, code = cut(path, obj.__name__)
     relative = path.relative_to(root).as_posix()
-    return Code([Snippet("shared by the three backends", relative, obj.__name__, start, node.end_lineno, code)])
+    return Code([Snippet("shared by the three backends", relative, obj.__name__, start, end, code)])
 
 
 def show(file: str, name: str, backends: tuple[str, ...] = BACKENDS) -> Code:
