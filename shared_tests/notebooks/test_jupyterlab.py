@@ -68,12 +68,27 @@ class Page:
             raise RuntimeError(result["exceptionDetails"])
         return result["result"].get("value")
 
-    def wait(self, expression: str, seconds: float):
+    def wait(self, expression: str, seconds: float, state: str = "''"):
+        """Wait until `expression` holds; past `seconds`, say what the page showed (`state`, evaluated)."""
         deadline = time.monotonic() + seconds
         while not self.evaluate(expression):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"after {seconds} s still false: {expression}")
+                raise TimeoutError(f"after {seconds} s still false: {expression}; the page: {self.evaluate(state)}")
             time.sleep(0.5)
+
+
+_SESSION = "window.jupyterapp.shell.currentWidget?.sessionContext"
+KERNEL_IDLE = f"{_SESSION}?.session?.kernel?.status === 'idle'"
+# what the page shows, for a failure's message: the kernel, the cells run, any dialog open
+STATE = f"""JSON.stringify({{
+    kernel: {_SESSION}?.session?.kernel?.status ?? 'none',
+    kernelName: {_SESSION}?.kernelDisplayName,
+    cellsRun: [...document.querySelectorAll('.jp-InputPrompt')].filter(p => /\\d/.test(p.textContent)).length,
+    cellsQueued: [...document.querySelectorAll('.jp-InputPrompt')].filter(p => p.textContent.includes('*')).length,
+    checks: document.querySelectorAll('.course-check').length,
+    errors: [...document.querySelectorAll('.jp-OutputArea-output[data-mime-type*=error]')].map(e => e.textContent.slice(0, 300)),
+    dialog: document.querySelector('.jp-Dialog')?.textContent ?? null,
+}})"""
 
 
 @pytest.fixture
@@ -116,8 +131,11 @@ def test_a_chapter_opens_runs_and_renders_in_jupyterlab_in_chromium(lab, tmp_pat
     try:
         page = Page(debug_port)
         page.wait("typeof window.jupyterapp !== 'undefined' && document.querySelectorAll('.jp-Cell').length > 5", 180)
+        # Run the cells only once the kernel is up: run before, JupyterLab asks which kernel to start
+        # (a dialog a headless browser never answers) and runs nothing. A loaded machine starts it late.
+        page.wait(KERNEL_IDLE, 180, STATE)
         page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        page.wait("document.querySelectorAll('.course-check').length >= 4", 240)
+        page.wait("document.querySelectorAll('.course-check').length >= 4", 300, STATE)
         text = page.evaluate("document.querySelector('.jp-Notebook').textContent")
         columns = page.evaluate("document.querySelectorAll('.course-three').length")
         images = page.evaluate("document.querySelectorAll('.jp-OutputArea-output img').length")
