@@ -28,7 +28,8 @@ pooler) is whole on every model rank, computed the same on each: their gradients
 
 FSDP splits, of every weight, the first dimension that tensor parallelism leaves whole: a matrix's
 rows [in, out] (a row-split one's columns instead), an embedding table's rows (its vocabulary), a
-norm's or a bias's one dimension (a column-split bias has none left: it is split by ``model`` only).
+norm's or a bias's one dimension (a column-split bias has none left: each model rank's part of it is
+split again over ``data``, as torch's ``fully_shard`` does on top of a tensor-parallel weight).
 It must divide that dimension, as JAX's ``NamedSharding`` requires (torch's ``fully_shard`` would
 pad instead): ``check_plan`` refuses a plan that does not, naming the weight and both numbers. The
 units FSDP gathers at once (``fsdp_units``) are each encoder and decoder layer, and the rest of the
@@ -128,7 +129,9 @@ def placement(name: str, shape: tuple[int, ...], plan: Plan) -> Placement:
             split = ROW  # its bias: whole, added once after the sum
     fsdp_dim = None
     if plan.fsdp > 1:
-        fsdp_dim = next((axis for axis in range(len(shape)) if axis != model_dim), None)
+        # the first dimension ``model`` leaves whole; a column-split bias has none: its one dimension,
+        # split over ``model`` first, then each part over ``data``
+        fsdp_dim = next((axis for axis in range(len(shape)) if axis != model_dim), model_dim)
     return Placement(split, model_dim, fsdp_dim)
 
 

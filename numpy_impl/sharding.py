@@ -1,0 +1,681 @@
+"""Sharded training, the reference: every device of a plan (``transformer_run.sharding``)
+simulated in this one process, and every communication between them written out as a NumPy
+function over the list of the devices' arrays, counted.
+
+The three collectives the engines run (torch.distributed's, and those XLA puts into a JAX program):
+
+    all_gather([a_0, .., a_{N-1}])      every rank gets a_0 | a_1 | .. | a_{N-1}
+    reduce_scatter([g_0, .., g_{N-1}])  rank r gets its 1/N slice of g_0 + .. + g_{N-1}
+    all_reduce([g_0, .., g_{N-1}])      every rank gets g_0 + .. + g_{N-1}
+
+A training step on a (data, model) mesh:
+
+- Each data rank (a Python thread here, as each is a process in torch) takes its rows of the
+  batch; the ranks all-reduce their count of non-pad targets, so that each weighs its rows' mean
+  loss by its share of the global count (data_parallel.py).
+- FSDP: before a unit (a layer; the rest of the model, once for the whole step) runs, each device
+  copies its pieces of the unit's weights into one flat buffer and the data ranks all-gather them;
+  the whole weights are dropped after the layer's forward, all-gathered again for its backward,
+  and its gradients, one flat buffer per device, are reduce-scattered: each device keeps the sum
+  of its own slice. Data parallel instead keeps the weights whole and all-reduces the gradients.
+- Tensor parallel (Megatron): inside each attention and feed-forward block, the model ranks
+  compute their own heads (or d_ff slice) from the same input; one all-reduce adds their partial
+  outputs after the row-split matmul, and in the backward one all-reduce adds their parts of the
+  input's gradient (the key and the value of cross-attention travel together in one buffer). The K
+  model ranks of a data rank run in turn inside its thread.
+- Adam: each device updates its own pieces with its own pieces of the gradient and of the moments.
+  Adam works element by element, so that is the whole update, sliced.
+
+``step_collectives`` counts what device 0 runs in one step: the reference the engines' counts
+are compared with. Each ``Device`` records the bytes it holds (its pieces of the weights, the
+gradients and Adam's moments, plus whatever whole weights or gradients it holds for a while) and
+its peak.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy import ndarray as Array
+
+from transformer_run.batches import split_batch
+from transformer_run.data_parallel import batch_size, rank_seed, shard, token_count
+from transformer_run.sharding import (
+    COLUMN,
+    ROW,
+    Placement,
+    Plan,
+    check_plan,
+    fsdp_units,
+    join,
+    piece,
+    plan_weights,
+)
+from transformer_run.train import TrainingState, train_loop
+from transformer_spec import param_schema, parent_of
+
+from .attention import MultiHeadAttention
+from .feed_forward import GatedFeedForward, PositionwiseFeedForward, make_feed_forward
+from .layers import Linear, seed_dropout
+from .loss import cross_entropy, cross_entropy_backward
+from .module import Module, enable_grad, named_submodules, with_prefix
+from .params import build_model, to_params
+from .positional import RotaryEmbedding
+from .train import dropout_streams
+
+
+# --------------------------------------------------------------------------- the collectives
+def all_gather(buffers: list[Array]) -> list[Array]:
+    """[a_0, .., a_{N-1}] (n,) each -> every rank's copy of a_0 | .. | a_{N-1} (N n,)."""
+    whole = np.concatenate(buffers)  # (N n,)
+    return [whole.copy() for _ in buffers]
+
+
+def reduce_scatter(buffers: list[Array]) -> list[Array]:
+    """[g_0, .., g_{N-1}] (N n,) each -> rank r's slice r (n,) of their sum."""
+    total = _add_up(buffers)  # (N n,)
+    return [part.copy() for part in np.split(total, len(buffers))]
+
+
+def all_reduce(buffers: list[Array]) -> list[Array]:
+    """[g_0, .., g_{N-1}] -> every rank's copy of their sum."""
+    total = _add_up(buffers)
+    return [total.copy() for _ in buffers]
+
+
+def _add_up(buffers: list[Array]) -> Array:
+    total = buffers[0].copy()
+    for buffer in buffers[1:]:  # in rank order
+        total += buffer
+    return total
+
+
+class CollectiveLog:
+    """The collectives one device runs, in order: (kind, bytes of the whole buffer)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def record(self, kind: str, nbytes: int) -> None:
+        self.calls.append((kind, int(nbytes)))
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """{kind: {"count": calls, "bytes": their bytes added up}}."""
+        out: dict[str, dict[str, int]] = {}
+        for kind, nbytes in self.calls:
+            entry = out.setdefault(kind, {"count": 0, "bytes": 0})
+            entry["count"] += 1
+            entry["bytes"] += nbytes
+        return out
+
+
+# ------------------------------------------------------------------- tensor-parallel blocks
+class TensorParallelAttention(Module):
+    """One attention block over K model ranks: rank t holds columns t of w_q, w_k and w_v (its
+    num_heads / K query heads and num_kv_heads / K key/value heads) and rows t of w_o."""
+
+    def __init__(
+        self, attention: MultiHeadAttention, tensor_parallel: int, log: CollectiveLog | None
+    ):
+        super().__init__()
+        self.config, self.log = attention.config, log
+        self.ranks = [local_attention(attention, tensor_parallel) for _ in range(tensor_parallel)]
+        self.output_bias: Array | None = None  # (d_model,): w_o's bias, added once after the sum
+
+    def __call__(self, query, key, value, mask=None, need_weights=False, cache=None, position=0):
+        # each rank's heads, through its rows of w_o: a part of the output
+        partials = [rank(query, key, value, mask, False, cache, position)[0] for rank in self.ranks]
+        output = self.all_reduce(partials)  # (B, T_q, d_model): their sum
+        if self.output_bias is not None:
+            output = output + self.output_bias  # (B, T_q, d_model)
+        return output, None
+
+    def backward(self, grad_output: Array) -> tuple[tuple[Array, Array, Array], dict[str, Any]]:
+        """-> (grad_query, grad_key, grad_value), {name: [rank 0's gradient, ..]}: every rank saw
+        the whole input, so the input's gradient is the sum of the ranks' parts."""
+        per_rank = [rank.backward(grad_output) for rank in self.ranks]
+        grad_query = self.all_reduce([grads[0] for (grads, _) in per_rank])  # (B, T_q, d_model)
+        # key and value in one buffer: (2, B, T_k, d_model)
+        grad_key_value = self.all_reduce([np.stack(grads[1:]) for (grads, _) in per_rank])
+        return (grad_query, grad_key_value[0], grad_key_value[1]), self._grads(
+            per_rank, grad_output
+        )
+
+    def self_attention_backward(self, grad_output: Array) -> tuple[Array, dict[str, Any]]:
+        """One x was the query, the key and the value: each rank adds its three parts, and one
+        all-reduce adds the ranks'."""
+        per_rank = [rank.self_attention_backward(grad_output) for rank in self.ranks]
+        grad_x = self.all_reduce([grad for grad, _ in per_rank])  # (B, T, d_model)
+        return grad_x, self._grads(per_rank, grad_output)
+
+    def all_reduce(self, partials: list[Array]) -> Array:
+        if self.log is not None:
+            self.log.record("all-reduce", partials[0].nbytes)
+        return all_reduce(partials)[0]
+
+    def _grads(self, per_rank: list, grad_output: Array) -> dict[str, Any]:
+        grads: dict[str, Any] = {name: [g[name] for _, g in per_rank] for name in per_rank[0][1]}
+        if self.output_bias is not None:  # added after the sum: the same on every rank
+            grads["w_o.bias"] = grad_output.reshape(-1, grad_output.shape[-1]).sum(
+                axis=0
+            )  # (d_model,)
+        return grads
+
+
+class TensorParallelFeedForward(Module):
+    """One feed-forward block over K model ranks: rank t holds columns t of w_1 (or w_gate and
+    w_up), its d_ff / K hidden features, and rows t of w_2 (or w_down)."""
+
+    def __init__(self, ffn, tensor_parallel: int, log: CollectiveLog | None):
+        super().__init__()
+        self.config, self.log = ffn.config, log
+        self.out = "w_down" if isinstance(ffn, GatedFeedForward) else "w_2"
+        self.ranks = [local_feed_forward(ffn, tensor_parallel) for _ in range(tensor_parallel)]
+        self.output_bias: Array | None = None  # (d_model,): the last layer's bias, added once
+
+    def __call__(self, x: Array) -> Array:
+        partials = [rank(x) for rank in self.ranks]  # (B, T, d_model) each: its features' part
+        output = self.all_reduce(partials)  # (B, T, d_model)
+        if self.output_bias is not None:
+            output = output + self.output_bias
+        return output
+
+    def backward(self, grad_output: Array) -> tuple[Array, dict[str, Any]]:
+        per_rank = [rank.backward(grad_output) for rank in self.ranks]
+        grad_x = self.all_reduce([grad for grad, _ in per_rank])  # (B, T, d_model)
+        grads: dict[str, Any] = {name: [g[name] for _, g in per_rank] for name in per_rank[0][1]}
+        if self.output_bias is not None:
+            grads[f"{self.out}.bias"] = grad_output.reshape(-1, grad_output.shape[-1]).sum(axis=0)
+        return grad_x, grads
+
+    all_reduce = TensorParallelAttention.all_reduce
+
+
+def local_attention(attention: MultiHeadAttention, tensor_parallel: int) -> MultiHeadAttention:
+    """Model rank t's part of ``attention``: the same module with 1/K of the heads, and w_o
+    without its bias (``TensorParallelAttention`` adds it once)."""
+    config, k = attention.config, tensor_parallel
+    dtype = attention.w_q.weight.dtype.name
+    local = MultiHeadAttention(config, dtype, rotary=isinstance(attention.rotary, RotaryEmbedding))
+    local.num_heads, local.num_kv_heads = config.num_heads // k, config.num_kv_heads // k
+    d_q, d_kv, bias = (
+        local.num_heads * config.d_k,
+        local.num_kv_heads * config.d_k,
+        config.attention_bias,
+    )
+    local.w_q = Linear(config.d_model, d_q, bias, dtype)
+    local.w_k = Linear(config.d_model, d_kv, bias, dtype)
+    local.w_v = Linear(config.d_model, d_kv, bias, dtype)
+    local.w_o = Linear(d_q, config.d_model, False, dtype)
+    return local
+
+
+def local_feed_forward(ffn, tensor_parallel: int):
+    """Model rank t's part of ``ffn``: d_ff / K hidden features, the last layer without its bias."""
+    config, dtype = (
+        ffn.config,
+        ffn.w_down.weight.dtype.name if isinstance(ffn, GatedFeedForward) else None,
+    )
+    dtype = dtype or ffn.w_1.weight.dtype.name
+    local, d_ff, bias = (
+        make_feed_forward(config, dtype),
+        config.d_ff // tensor_parallel,
+        config.ffn_bias,
+    )
+    if isinstance(local, GatedFeedForward):
+        local.w_gate = Linear(config.d_model, d_ff, bias, dtype)
+        local.w_up = Linear(config.d_model, d_ff, bias, dtype)
+        local.w_down = Linear(d_ff, config.d_model, False, dtype)
+    else:
+        local.w_1 = Linear(config.d_model, d_ff, bias, dtype)
+        local.w_2 = Linear(d_ff, config.d_model, False, dtype)
+    return local
+
+
+# ------------------------------------------------------------------------------ the devices
+class Device:
+    """What one device keeps: its piece of every weight, of its gradient and of Adam's two moments,
+    and for a while a unit's whole weights or gradients. ``peak``: the most bytes it held."""
+
+    def __init__(self, params: dict[str, Array]):
+        self.params = params
+        self.grads = {name: np.zeros_like(p) for name, p in params.items()}
+        self.m = {name: np.zeros_like(p) for name, p in params.items()}  # Adam's first moments
+        self.v = {name: np.zeros_like(p) for name, p in params.items()}  # and second
+        self.held: dict[str, list[Array]] = {}  # for a while: "weights <unit>", "grads <unit>"
+        self.peak = self.bytes_held()
+
+    def hold(self, what: str, arrays: list[Array]) -> None:
+        self.held[what] = arrays
+        self.peak = max(self.peak, self.bytes_held())
+
+    def drop(self, what: str) -> None:
+        self.held.pop(what, None)
+
+    def bytes_held(self) -> int:
+        kept = [*self.params.values(), *self.grads.values(), *self.m.values(), *self.v.values()]
+        return sum(a.nbytes for a in kept) + sum(
+            a.nbytes for arrays in self.held.values() for a in arrays
+        )
+
+
+class ShardedUnit(Module):
+    """One layer as FSDP runs it: its weights gathered just before its forward and its backward,
+    dropped after each, and its gradients reduced over the data ranks after its backward."""
+
+    def __init__(self, layer, unit: str, replica: Replica):
+        super().__init__()
+        self.layer, self.unit = layer, unit
+        # the replica's moves (bound methods: the module tree does not reach the other replicas)
+        self.gather, self.release = replica.gather, replica.release
+        self.reduce_gradients = replica.reduce_gradients
+
+    def __call__(self, *args, **kwargs):
+        self.gather(self.unit)
+        output = self.layer(*args, **kwargs)
+        self.release(self.unit)
+        return output
+
+    def backward(self, grad_output):
+        self.gather(self.unit)  # again: FSDP dropped them after the forward
+        grad_input, grads = self.layer.backward(grad_output)
+        self.release(self.unit)
+        self.reduce_gradients(self.unit, with_prefix(self.unit, grads))
+        return grad_input, {}  # this unit's gradients are in the devices now
+
+
+class DataAxis:
+    """Where the data ranks of model rank t meet: each hands in its buffer and waits for the others;
+    data rank 0 runs the collective over the list; each takes its own result."""
+
+    def __init__(self, plan: Plan, log: CollectiveLog):
+        self.size, self.log = plan.data, log
+        self.barriers = [threading.Barrier(plan.data) for _ in range(plan.tensor_parallel)]
+        self.inbox: list[list[Array | None]] = [
+            [None] * plan.data for _ in range(plan.tensor_parallel)
+        ]
+        self.outbox: list[list[Array]] = [[] for _ in range(plan.tensor_parallel)]
+
+    def run(
+        self, kind: str, collective: Callable, model_rank: int, data_rank: int, buffer: Array
+    ) -> Array:
+        t = model_rank
+        self.inbox[t][data_rank] = buffer
+        self.barriers[t].wait()  # every data rank has handed in its buffer
+        if data_rank == 0:
+            self.outbox[t] = collective(list(self.inbox[t]))
+            if t == 0:  # device 0's group
+                self.log.record(kind, max(buffer.nbytes, self.outbox[t][0].nbytes))
+        self.barriers[t].wait()  # the results are out
+        return self.outbox[t][data_rank]
+
+    def abort(self) -> None:
+        for barrier in self.barriers:
+            barrier.abort()
+
+
+class Replica:
+    """Data rank d: the model its K devices run (tensor-parallel blocks, FSDP units), and those
+    devices."""
+
+    def __init__(self, run: ShardedRun, data_rank: int, params: Mapping[str, Array]):
+        self.run, self.data_rank = run, data_rank
+        plan = run.plan
+        self.devices = [
+            Device(
+                {
+                    name: piece(params[name], where, plan, data_rank, t)
+                    for name, where in run.weights.items()
+                }
+            )
+            for t in range(plan.tensor_parallel)
+        ]
+        self.model = build_model(run.config, params)
+        log = run.log if data_rank == 0 else None  # count device 0's collectives
+        if plan.tensor_parallel > 1:
+            for _, module in named_submodules(self.model):
+                for attr, child in list(vars(module).items()):
+                    if isinstance(child, MultiHeadAttention):
+                        setattr(
+                            module, attr, TensorParallelAttention(child, plan.tensor_parallel, log)
+                        )
+                    elif isinstance(child, (PositionwiseFeedForward, GatedFeedForward)):
+                        setattr(
+                            module,
+                            attr,
+                            TensorParallelFeedForward(child, plan.tensor_parallel, log),
+                        )
+        for unit, _ in run.units[:-1]:  # each layer; the rest is gathered around the whole step
+            stack, index = unit.rsplit(".", 1)
+            layers = getattr(self.model, stack.split(".")[0]).layers
+            layers[int(index)] = ShardedUnit(layers[int(index)], unit, self)
+        self.slots = {
+            (name, t): self._slot(name, t)
+            for name in run.weights
+            for t in range(plan.tensor_parallel)
+        }
+        for module, leaf in self.slots.values():
+            setattr(module, leaf, None)  # no weight is whole until a unit gathers it
+
+    def _slot(self, name: str, t: int) -> tuple[Any, str]:
+        """(module, attribute) that holds model rank t's ``name`` in this replica's model."""
+        *path, leaf = name.split(".")
+        module = self.model
+        for i, part in enumerate(path):
+            module = module[int(part)] if part.isdigit() else getattr(module, part)
+            module = module.layer if isinstance(module, ShardedUnit) else module
+            if isinstance(module, (TensorParallelAttention, TensorParallelFeedForward)):
+                if path[i + 1] in ("w_o", "w_2", "w_down") and leaf == "bias":
+                    return module, "output_bias"
+                module = module.ranks[t]
+        return module, leaf
+
+    # -------------------------------------------------------------------- FSDP's three moves
+    def gather(self, unit: str) -> None:
+        """Put the unit's whole weights into the model: all-gathered from the data ranks' pieces
+        under FSDP, else the device's own (whole) ones."""
+        run = self.run
+        for t, device in enumerate(self.devices):
+            names = run.unit_names[unit]
+            if run.plan.fsdp > 1:
+                buffer = np.concatenate(
+                    [device.params[name].ravel() for name in names]
+                )  # its pieces
+                # every data rank's buffer, in rank order
+                gathered = run.data_axis.run("all-gather", all_gather, t, self.data_rank, buffer)
+                whole = run.unflatten(np.split(gathered, run.plan.fsdp), names)
+                device.hold(f"weights {unit}", list(whole.values()))
+            else:
+                whole = {name: device.params[name] for name in names}
+            for name, weight in whole.items():
+                if t == 0 or run.weights[name].tensor_parallel is not None:  # else: set by rank 0
+                    module, leaf = self.slots[(name, t)]
+                    setattr(module, leaf, weight)
+
+    def release(self, unit: str) -> None:
+        """FSDP drops a unit's whole weights once it has run; data parallel keeps them."""
+        if self.run.plan.fsdp > 1:
+            for t, device in enumerate(self.devices):
+                for name in self.run.unit_names[unit]:
+                    module, leaf = self.slots[(name, t)]
+                    setattr(module, leaf, None)
+                device.drop(f"weights {unit}")
+
+    def reduce_gradients(self, unit: str, grads: Mapping[str, Any]) -> None:
+        """The unit's gradients of this data rank's rows -> the sum over the data ranks, each device
+        keeping its own piece: reduce-scattered under FSDP, all-reduced under data parallel."""
+        run, names = self.run, self.run.unit_names[unit]
+        for t, device in enumerate(self.devices):
+            local = {n: grads[n][t] if isinstance(grads[n], list) else grads[n] for n in names}
+            device.hold(f"grads {unit}", list(local.values()))
+            if run.plan.fsdp > 1:
+                # data rank f's slice of every gradient, then f + 1's: f's slice is its pieces
+                pieces = [
+                    run.fsdp_piece(local[n], n, f) for f in range(run.plan.fsdp) for n in names
+                ]
+                buffer = np.concatenate([p.ravel() for p in pieces])
+                mine = run.data_axis.run(
+                    "reduce-scatter", reduce_scatter, t, self.data_rank, buffer
+                )
+                device.grads.update(run.unflatten([mine], names))
+            elif run.plan.data_parallel > 1:
+                buffer = np.concatenate([local[n].ravel() for n in names])
+                total = run.data_axis.run("all-reduce", all_reduce, t, self.data_rank, buffer)
+                device.grads.update(run.unflatten([total], names))
+            else:
+                device.grads.update(local)
+            device.drop(f"grads {unit}")
+
+    def all_reduce_scalar(self, value: float) -> float:
+        """A number summed over the data ranks (the target count, the loss)."""
+        if self.run.plan.data == 1:
+            return value
+        total = self.run.data_axis.run(
+            "all-reduce", all_reduce, 0, self.data_rank, np.array([value])
+        )
+        return float(total[0])
+
+    # ----------------------------------------------------------------------------- one step
+    def loss_and_grads(
+        self, batch: Mapping[str, Array], label_smoothing: float
+    ) -> tuple[float, Array]:
+        """This data rank's forward and backward on its rows; the gradients end up in its devices.
+        -> (the global batch's loss, this rank's logits)."""
+        config, plan = self.run.config, self.run.plan
+        rows = shard(config, batch, self.data_rank, plan.data)  # this data rank's rows
+        inputs, targets = split_batch(config, rows)
+        count = token_count(config, rows)  # its non-pad targets
+        total = self.all_reduce_scalar(count)  # every data rank's
+        weight = count / max(total, 1)  # its share of the loss (data_parallel.py)
+        self.gather("")  # the rest of the model: embeddings, final norms, output projection
+        with enable_grad():
+            logits = self.model(*(np.asarray(x) for x in inputs)).logits  # (B / D, T, V)
+        targets = np.asarray(targets)  # (B / D, T)
+        loss = weight * float(cross_entropy(logits, targets, config.pad_id, label_smoothing))
+        grad_logits = cross_entropy_backward(
+            logits, targets, config.pad_id, label_smoothing, weight
+        )
+        _, grads = self.model.backward(grad_logits)  # the layers' went to the devices already
+        self.release("")
+        self.reduce_gradients("", grads)
+        return self.all_reduce_scalar(loss), logits
+
+
+class ShardedRun:
+    """A model spread over the devices of ``plan``: every device's pieces, the replicas that run
+    them, Adam's step, and the log of device 0's collectives."""
+
+    def __init__(self, model, plan: Plan, schedule: Callable[[int], float] = lambda t: 0.0,
+                 betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9):  # fmt: skip
+        self.config, self.plan, self.schedule, self.betas, self.eps = (
+            model.config,
+            plan,
+            schedule,
+            betas,
+            eps,
+        )
+        self.log = CollectiveLog()
+        self.weights: dict[str, Placement] = plan_weights(self.config, plan)
+        self.shapes = param_schema(self.config)
+        self.units = fsdp_units(self.config)
+        self.unit_names = dict(self.units)
+        self.data_axis = DataAxis(plan, self.log)
+        self.t = 0  # Adam's step
+        params = to_params(model)
+        self.replicas = [Replica(self, d, params) for d in range(plan.data)]
+
+    def piece_shape(self, name: str) -> tuple[int, ...]:
+        shape, where = list(self.shapes[name]), self.weights[name]
+        if where.model_dim is not None:
+            shape[where.model_dim] //= self.plan.tensor_parallel
+        if where.fsdp_dim is not None:
+            shape[where.fsdp_dim] //= self.plan.fsdp
+        return tuple(shape)
+
+    def fsdp_piece(self, local: Array, name: str, data_rank: int) -> Array:
+        """Data rank ``data_rank``'s FSDP slice of a model rank's (whole) ``local`` weight."""
+        where = self.weights[name]
+        if where.fsdp_dim is None:
+            return local
+        return np.split(local, self.plan.fsdp, axis=where.fsdp_dim)[data_rank]
+
+    def unflatten(self, buffers: list[Array], names: list[str]) -> dict[str, Array]:
+        """Flat buffers, one per data rank in order, each its pieces of ``names`` one after the
+        other -> {name: the pieces joined along FSDP's dimension}."""
+        parts: dict[str, list[Array]] = {name: [] for name in names}
+        for buffer in buffers:
+            start = 0
+            for name in names:
+                shape = self.piece_shape(name)
+                size = int(np.prod(shape))
+                parts[name].append(buffer[start : start + size].reshape(shape))
+                start += size
+        return {
+            name: np.concatenate(p, axis=self.weights[name].fsdp_dim) if len(p) > 1 else p[0]
+            for name, p in parts.items()
+        }
+
+    def loss_and_grads(
+        self, batch: Mapping[str, Array], label_smoothing: float = 0.0
+    ) -> tuple[float, Array]:
+        """Every data rank's forward and backward, at the same time (one thread each: they wait for
+        each other at every collective). -> (the loss, the logits of the whole batch)."""
+        results: list[Any] = [None] * self.plan.data
+        errors: list[BaseException] = []
+
+        def run_replica(d: int) -> None:
+            try:
+                results[d] = self.replicas[d].loss_and_grads(batch, label_smoothing)
+            except BaseException as error:  # noqa: BLE001 -- the others must stop waiting
+                errors.append(error)
+                self.data_axis.abort()
+
+        if self.plan.data == 1:
+            run_replica(0)
+        else:
+            threads = [
+                threading.Thread(target=run_replica, args=(d,)) for d in range(self.plan.data)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        if errors:
+            first = next(
+                (e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0]
+            )
+            raise first
+        return results[0][0], np.concatenate([logits for _, logits in results])
+
+    def adam_step(self) -> None:
+        """Adam on every device's own pieces: the update optim.Adam makes, element by element."""
+        self.t += 1
+        b1, b2 = self.betas
+        lr = float(self.schedule(self.t))
+        correction1, correction2 = 1.0 - b1**self.t, 1.0 - b2**self.t
+        for replica in self.replicas:
+            for device in replica.devices:
+                for name, param in device.params.items():
+                    g, m, v = device.grads[name], device.m[name], device.v[name]
+                    m *= b1
+                    m += (1.0 - b1) * g
+                    v *= b2
+                    v += (1.0 - b2) * g * g
+                    param -= lr * (m / correction1) / (np.sqrt(v / correction2) + self.eps)
+
+    def step(self, batch: Mapping[str, Array], label_smoothing: float = 0.0) -> float:
+        loss, _ = self.loss_and_grads(batch, label_smoothing)
+        self.adam_step()
+        return loss
+
+    def whole(self, tensors: str = "params") -> dict[str, Array]:
+        """Every weight (or gradient, or moment: "grads", "m", "v") whole, under its canonical name:
+        joined from the pieces of data replica 0's devices (the same as every replica's)."""
+        out = {}
+        for name, where in self.weights.items():
+            pieces = {
+                (f, t): getattr(self.replicas[f].devices[t], tensors)[name]
+                for f in range(self.plan.fsdp)
+                for t in range(self.plan.tensor_parallel)
+            }
+            out[name] = join(pieces, where, self.plan)
+        return out
+
+    def peak_bytes(self) -> list[int]:
+        """Each device's peak (rank order): bytes of weights, gradients and Adam moments held."""
+        return [device.peak for replica in self.replicas for device in replica.devices]
+
+
+# --------------------------------------------------------------------------- the entry points
+def sharded_loss_and_grads(
+    model, batch: Mapping[str, Array], plan: Plan, label_smoothing: float = 0.0
+) -> tuple[float, dict[str, Array], Array]:
+    """-> (the loss, {canonical name: the whole gradient}, the logits) of one sharded step on
+    ``batch`` (the model is not changed)."""
+    check_plan(model.config, plan, batch_size(model.config, batch))
+    run = ShardedRun(model, plan)
+    loss, logits = run.loss_and_grads(batch, label_smoothing)
+    return loss, run.whole("grads"), logits
+
+
+def step_collectives(
+    model, batch: Mapping[str, Array], plan: Plan, label_smoothing: float = 0.0
+) -> dict[str, dict[str, int]]:
+    """The collectives device 0 runs in one training step: {kind: {"count": n, "bytes": b}}."""
+    check_plan(model.config, plan, batch_size(model.config, batch))
+    run = ShardedRun(model, plan)
+    run.step(batch, label_smoothing)
+    return run.log.summary()
+
+
+def sharded_train(
+    model,
+    batches: Sequence[Mapping[str, Array]],
+    steps: int,
+    schedule: Callable[[int], float],
+    label_smoothing: float = 0.0,
+    callback: Callable[[int, float], None] | None = None,
+    seed: int = 0,
+    *,
+    plan: Plan,
+    checkpoint: Callable[[TrainingState], None] | None = None,
+    checkpoint_every: int = 0,
+) -> list[float]:
+    """``train`` with the weights, gradients and Adam's moments spread over ``plan``'s devices; the
+    loop is ``transformer_run.train``'s. ``model`` holds the trained weights, whole, at the end
+    (and at every ``checkpoint(state)``, whose moments are whole too)."""
+    for batch in batches:
+        check_plan(model.config, plan, batch_size(model.config, batch))
+    run = ShardedRun(model, plan, schedule)
+
+    def seed_replicas(model, seed: int) -> None:
+        for d, replica in enumerate(run.replicas):
+            replica.model.train()
+            seed_dropout(
+                replica.model, rank_seed(seed, d)
+            )  # data rank d's masks, as data_parallel.py
+
+    def sharded_train_step(model, run: ShardedRun, batch, label_smoothing: float) -> float:
+        return run.step(batch, label_smoothing)
+
+    def whole_state(model, run: ShardedRun, losses: list[float]) -> TrainingState:
+        load_whole(model, run.whole())
+        moments = {f"m.{n}": m for n, m in run.whole("m").items()}
+        moments |= {f"v.{n}": v for n, v in run.whole("v").items()}
+        return TrainingState(run.t, list(losses), moments, dropout_streams(run.replicas[0].model))
+
+    try:
+        return train_loop(
+            model, run, sharded_train_step, seed_replicas, batches, steps, label_smoothing,
+            callback, seed, None, checkpoint, checkpoint_every, whole_state,
+        )  # fmt: skip
+    finally:
+        load_whole(model, run.whole())
+
+
+def load_whole(model, params: Mapping[str, Array]) -> None:
+    """Write whole weights (canonical names) into ``model``'s own arrays."""
+    for name, value in params.items():
+        parent, leaf = parent_of(model, name)
+        getattr(parent, leaf)[...] = value
+
+
+__all__ = [
+    "COLUMN",
+    "ROW",
+    "CollectiveLog",
+    "Device",
+    "Plan",
+    "ShardedRun",
+    "TensorParallelAttention",
+    "TensorParallelFeedForward",
+    "all_gather",
+    "all_reduce",
+    "reduce_scatter",
+    "sharded_loss_and_grads",
+    "sharded_train",
+    "step_collectives",
+]
