@@ -29,21 +29,28 @@ class TokenEmbedding(Module):
     negative one (``jnp.take``'s default mode, "fill"); the models here refuse both first.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, scale: bool, dtype: str = "float32"):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        scale: bool,
+        dtype: str = "float32",
+        shared: bool = False,
+    ):
         super().__init__()
-        self.weight = parameter((vocab_size, d_model), dtype)
+        # shared: no table of its own; the model passes another one's on each call
+        self.weight = None if shared else parameter((vocab_size, d_model), dtype)
         self.scale = math.sqrt(d_model) if scale else 1.0  # a Python float: keeps the dtype
 
-    def __call__(self, ids: Array) -> Array:
+    def __call__(self, ids: Array, table: Array | None = None) -> Array:
+        weight = self.weight if table is None else table  # (vocab, d_model): own, or shared
         # JAX never raises on an out-of-range index: plain weight[ids] clamps (a bad id silently
         # reads the last row) and jnp.take wraps negative ids around, as NumPy does. The ids are
         # checked eagerly, but inside a trace their values are unknown: there "fill" makes an id
         # outside [0, vocab) a row of NaN, loud, not silently wrong. (.at[].get rather than
         # jnp.take(mode="fill") for wrap_negative_indices=False: take would still wrap -1.)
         # (B, T) -> (B, T, d_model), NaN rows for ids outside the table; differs: jax-index-fill
-        rows = self.weight[...].at[ids].get(
-            mode="fill", fill_value=jnp.nan, wrap_negative_indices=False
-        )
+        rows = weight[...].at[ids].get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
         return rows * self.scale  # (B, T, d_model)
 
 
@@ -52,13 +59,22 @@ class Embeddings(Module):
 
     schema = "embeddings"
 
-    def __init__(self, config: Config, dtype: str = "float32", vocab_size: int | None = None):
+    def __init__(
+        self,
+        config: Config,
+        dtype: str = "float32",
+        vocab_size: int | None = None,
+        shared_table: bool = False,
+    ):
+        """shared_table: the token table is another Embeddings' (``share_embeddings``), passed
+        in on each call as ``table``."""
         super().__init__()
         self.config = config
         if vocab_size is None:
             vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
         self.vocab_size = vocab_size
-        self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
+        scale = config.scale_embeddings
+        self.token = TokenEmbedding(self.vocab_size, config.d_model, scale, dtype, shared_table)
         # "rotary": in the attention; "none": a bag of words (permutation-equivariant)
         if config.positional == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(config, dtype)
@@ -75,10 +91,14 @@ class Embeddings(Module):
         self.dropout = Dropout(config.dropout)
 
     def __call__(
-        self, ids: Array, token_type_ids: Array | None = None, offset: Position = 0
+        self,
+        ids: Array,
+        token_type_ids: Array | None = None,
+        offset: Position = 0,
+        table: Array | None = None,
     ) -> Array:
         ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
-        x = self.token(ids)  # (B, T, d_model)
+        x = self.token(ids, table)  # (B, T, d_model)
         record(self, token=x)
         if self.position is not None:
             position = self.position(ids.shape[1], offset)  # (T, d_model)

@@ -79,7 +79,8 @@ class Transformer(Module):
         super().__init__()
         check_model_kind("Transformer", "encoder_decoder", config.kind)
         self.config = config
-        self.src_embed = Embeddings(config, dtype, config.src_vocab_size)
+        # share_embeddings: no source table of its own, the encoder reads the target's
+        self.src_embed = Embeddings(config, dtype, config.src_vocab_size, config.share_embeddings)
         self.encoder = Encoder(config, dtype)
         self.tgt_embed = Embeddings(config, dtype, config.tgt_vocab_size)
         self.decoder = Decoder(config, dtype)
@@ -90,7 +91,9 @@ class Transformer(Module):
         """(B, T_src) -> memory (B, T_src, d_model), hidden states, attention weights."""
         if src_mask is None:
             src_mask = make_padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, T_src)
-        x = self.src_embed(src_ids)  # (B, T_src, d_model)
+        # share_embeddings: the target's (V, d_model) table; else None, the source's own
+        shared = self.tgt_embed.token.weight if self.config.share_embeddings else None
+        x = self.src_embed(src_ids, table=shared)  # (B, T_src, d_model)
         # (B, T_src, d_model), hidden states, attention weights
         return self.encoder(x, src_mask, need_weights, need_hidden_states)
 
@@ -178,6 +181,10 @@ class Transformer(Module):
         if grad_tied is not None:  # tied output: the target table was used twice
             # so its gradients add up: (tgt_vocab, d_model)
             tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_tied
+        if self.config.share_embeddings:  # the encoder read the target table too: add its share
+            grad_shared = src_embed_grads.pop("token.weight")  # (tgt_vocab, d_model)
+            # one vocabulary: (tgt_vocab, d_model)
+            tgt_embed_grads["token.weight"] = tgt_embed_grads["token.weight"] + grad_shared
         grads = (
             with_prefix("src_embed", src_embed_grads)
             | with_prefix("encoder", encoder_grads)

@@ -25,6 +25,9 @@ VARIANTS = {
     ),
     "post-finalnorms-unscaled": TINY.replace(encoder_final_norm=True, decoder_final_norm=True, scale_embeddings=False),
 }
+# The paper's three-way sharing (section 3.4): one table for the source embedding, the target
+# embedding and the output projection, over one vocabulary.
+SHARED = TINY.replace(src_vocab_size=TINY.tgt_vocab_size, share_embeddings=True, tie_output=True)
 DTYPES = ("float64", "float32")
 
 # (batch, src_len, tgt_len, pad the batch to unequal lengths?)

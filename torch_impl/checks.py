@@ -4,6 +4,7 @@ computes with."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,15 @@ def readable(name: str, x: Any) -> torch.Tensor | np.ndarray | None:
 def to_backend(x: torch.Tensor | np.ndarray | None, model: Any) -> torch.Tensor | None:
     """A checked input (``readable``'s) as the array ``model`` computes with, on its device."""
     # differs: torch-device
-    return None if x is None else torch.as_tensor(x, device=next(model.parameters()).device)
+    return None if x is None else torch.as_tensor(x, device=device_of(model, x))
+
+
+def device_of(model: Any, x: torch.Tensor | np.ndarray) -> torch.device:  # differs: torch-device
+    """Where ``model`` keeps its weights (or buffers); a module holding neither (the source
+    embeddings of a ``share_embeddings`` model without sinusoids) computes where ``x`` is."""
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        return tensor.device
+    return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
 
 
 def token_ids(

@@ -30,13 +30,22 @@ class TokenEmbedding(Module):
     negative one (``jnp.take``'s default mode, "fill"); the models here refuse both first.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, scale: bool, dtype: str = "float32"):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        scale: bool,
+        dtype: str = "float32",
+        shared: bool = False,
+    ):
         super().__init__()
-        self.weight = parameter((vocab_size, d_model), dtype)
+        # shared: no table of its own; the model passes another one's on each call
+        self.weight = None if shared else parameter((vocab_size, d_model), dtype)
         self.scale = math.sqrt(d_model) if scale else 1.0  # a Python float: keeps the dtype
 
-    def forward(self, ids: Array) -> Array:
-        rows = F.embedding(ids, self.weight)  # (B, T) -> (B, T, d_model)
+    def forward(self, ids: Array, table: Array | None = None) -> Array:
+        weight = self.weight if table is None else table  # (vocab, d_model): own, or shared
+        rows = F.embedding(ids, weight)  # (B, T) -> (B, T, d_model)
         return rows * self.scale  # (B, T, d_model)
 
 
@@ -45,13 +54,22 @@ class Embeddings(Module):
 
     schema = "embeddings"
 
-    def __init__(self, config: Config, dtype: str = "float32", vocab_size: int | None = None):
+    def __init__(
+        self,
+        config: Config,
+        dtype: str = "float32",
+        vocab_size: int | None = None,
+        shared_table: bool = False,
+    ):
+        """shared_table: the token table is another Embeddings' (``share_embeddings``), passed
+        in on each call as ``table``."""
         super().__init__()
         self.config = config
         if vocab_size is None:
             vocab_size = config.src_vocab_size if config.uses_encoder else config.tgt_vocab_size
         self.vocab_size = vocab_size
-        self.token = TokenEmbedding(self.vocab_size, config.d_model, config.scale_embeddings, dtype)
+        scale = config.scale_embeddings
+        self.token = TokenEmbedding(self.vocab_size, config.d_model, scale, dtype, shared_table)
         # "rotary": in the attention; "none": a bag of words (permutation-equivariant)
         if config.positional == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(config, dtype)
@@ -68,10 +86,14 @@ class Embeddings(Module):
         self.dropout = Dropout(config.dropout)
 
     def forward(
-        self, ids: Array, token_type_ids: Array | None = None, offset: Position = 0
+        self,
+        ids: Array,
+        token_type_ids: Array | None = None,
+        offset: Position = 0,
+        table: Array | None = None,
     ) -> Array:
         ids = token_ids("ids", ids, self.vocab_size, self.config.max_len, self, offset)  # (B, T)
-        x = self.token(ids)  # (B, T, d_model)
+        x = self.token(ids, table)  # (B, T, d_model)
         record(self, token=x)
         if self.position is not None:
             position = self.position(ids.shape[1], offset)  # (T, d_model)

@@ -18,7 +18,7 @@ NORMS = ("layer_norm", "rms_norm")
 ROPE_LAYOUTS = ("halves", "interleaved")
 SINUSOID_LAYOUTS = ("interleaved", "halves")
 _BOOLS = ("norm_first", "bias", "tie_output", "scale_embeddings", "embedding_norm", "pooler", "gated_ffn",
-          "final_logits_bias")  # fmt: skip
+          "final_logits_bias", "share_embeddings")  # fmt: skip
 _OPTIONAL_BOOLS = ("encoder_final_norm", "decoder_final_norm", "attention_bias", "ffn_bias")
 
 
@@ -42,8 +42,9 @@ class Config:
         the probability of zeroing each element, in training mode only, at the four places
         the paper and ``torch.nn.Transformer`` put it: the embeddings' output, the attention
         weights, the feed-forward hidden layer and each sub-layer's output before the
-        residual addition. The paper trains with 0.1; every preset here has 0.0, so that
-        a model computes the same function in training and in inference.
+        residual addition. The paper trains with 0.1 (0.3 for its English-German big model);
+        the ``paper-base`` and ``paper-big`` presets have the paper's rates, every other preset
+        has 0.0, so that a model computes the same function in training and in inference.
 
     The modern decoder (Llama, SmolLM2) is the same model with other parts switched in:
     norm:
@@ -78,6 +79,12 @@ class Config:
         "halves" (all sines, then all cosines: Marian, fairseq).
     final_logits_bias:
         a bias vector added to the logits even when the output projection is tied (Marian).
+    share_embeddings:
+        one token table for the source and the target (an encoder-decoder over one joint
+        vocabulary, so src_vocab_size == tgt_vocab_size): the encoder reads the decoder's
+        ``tgt_embed.token.weight``, and ``src_embed`` has no table of its own. With
+        ``tie_output`` too, it is the paper's three-way sharing (section 3.4): one matrix for
+        the source embedding, the target embedding and the pre-softmax projection.
     """
 
     kind: str = "encoder_decoder"
@@ -112,6 +119,7 @@ class Config:
     ffn_bias: bool | None = None
     sinusoid_layout: str = "interleaved"
     final_logits_bias: bool = False
+    share_embeddings: bool = False
 
     def __post_init__(self) -> None:
         following = frozenset(name for name in FOLLOWS if getattr(self, name) is None)
@@ -178,6 +186,16 @@ class Config:
             raise ValueError(f"pooler=True needs kind='encoder_only' (BERT's pooler), got kind={self.kind!r}")
         if self.tie_output and not self.uses_decoder:
             raise ValueError(f"tie_output=True needs a decoder, but kind is {self.kind!r}")
+        if self.share_embeddings and self.kind != "encoder_decoder":
+            raise ValueError(
+                f"share_embeddings=True shares the source and target tables of an encoder-decoder: "
+                f"it needs kind='encoder_decoder', got kind={self.kind!r}"
+            )
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                f"share_embeddings=True needs one vocabulary for both sides: src_vocab_size "
+                f"({self.src_vocab_size}) must equal tgt_vocab_size ({self.tgt_vocab_size})"
+            )
 
     # --------------------------------------------------------------- derived
     @property
@@ -266,7 +284,7 @@ Config.__init__ = _refuse_renamed(Config.__init__)  # type: ignore[method-assign
 # without them predates them, and their defaults are exactly the model it was written from.
 ADDED_LATER = frozenset(
     {"norm", "gated_ffn", "num_kv_heads", "rope_theta", "rope_layout", "attention_bias", "ffn_bias",
-     "sinusoid_layout", "final_logits_bias"}
+     "sinusoid_layout", "final_logits_bias", "share_embeddings"}
 )  # fmt: skip
 
 
@@ -388,6 +406,25 @@ PRESETS: dict[str, Config] = {
     ),
     # "Attention Is All You Need", Table 3, base model.
     "base": Config(),
+    # The paper's own models as trained for English-German (Table 3): one 37,000-token BPE
+    # vocabulary shared by source and target, and one matrix for the source embedding, the
+    # target embedding and the pre-softmax projection (section 3.4); post-norm, sinusoidal
+    # positions, ReLU. Dropout as Table 3's P_drop: 0.1 (base), 0.3 (big: the 0.1 of section 6.1
+    # is the English-French big model, whose vocabulary is 32,000 word pieces). Training
+    # settings that are not the model's: PAPER_TRAINING.
+    "paper-base": Config(
+        src_vocab_size=37000, tgt_vocab_size=37000, share_embeddings=True, tie_output=True, dropout=0.1
+    ),
+    "paper-big": Config(
+        d_model=1024,
+        num_heads=16,
+        d_ff=4096,
+        src_vocab_size=37000,
+        tgt_vocab_size=37000,
+        share_embeddings=True,
+        tie_output=True,
+        dropout=0.3,
+    ),
     # BERT-base (uncased): 12 layers, hidden 768, 12 heads, ff 3072.
     "bert-base": Config(
         kind="encoder_only",
@@ -407,3 +444,8 @@ PRESETS: dict[str, Config] = {
         pooler=True,
     ),
 }
+
+# The paper's training settings for paper-base and paper-big (sections 5.3 and 5.4): not sizes
+# of the model, so not Config fields. Label smoothing eps_ls = 0.1; Adam with beta_1 = 0.9,
+# beta_2 = 0.98, eps = 1e-9, at lr = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5).
+PAPER_TRAINING: dict[str, Any] = {"label_smoothing": 0.1, "warmup_steps": 4000, "betas": (0.9, 0.98), "eps": 1e-9}

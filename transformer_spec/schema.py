@@ -166,7 +166,10 @@ def model_schema(config: Config, prefix: str = "") -> Schema:
     """All parameters of the model that ``config.kind`` names."""
     schema: Schema = {}
     if config.uses_encoder:
-        schema |= embeddings_schema(config, _join(prefix, "src_embed"), config.src_vocab_size)
+        src_embed = embeddings_schema(config, _join(prefix, "src_embed"), config.src_vocab_size)
+        if config.share_embeddings:  # the encoder reads tgt_embed.token.weight: one matrix, named once
+            del src_embed[_join(prefix, "src_embed.token.weight")]
+        schema |= src_embed
         schema |= encoder_schema(config, _join(prefix, "encoder"))
         if config.pooler:
             schema |= linear_schema(_join(prefix, "pooler.proj"), config.d_model, config.d_model, config.bias)

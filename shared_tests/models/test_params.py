@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from safetensors import safe_open
 
 from transformer_spec import Config, init_params, load_params, param_schema, save_params
 
-from ..cases import DTYPES, VARIANTS, as_kind, model_inputs
+from ..cases import DTYPES, SHARED, VARIANTS, as_kind, model_inputs
 from ..tolerances import assert_close
 
 KIND_CONFIGS = [
     pytest.param(as_kind(VARIANTS[v], kind), id=f"{kind}-{v}")
     for kind in ("encoder_decoder", "decoder_only", "encoder_only")
     for v in ("post-relu-sinusoidal", "pre-relu-none-tied-nofinal", "post-gelu_tanh-nobias")
-] + [pytest.param(Config.preset("tiny-bert"), id="tiny-bert")]
+] + [pytest.param(Config.preset("tiny-bert"), id="tiny-bert"), pytest.param(SHARED, id="encoder_decoder-shared")]
 
 
 
@@ -64,6 +65,32 @@ def test_tied_output_uses_the_target_embedding_table(backend):
     (ids,) = model_inputs(config, (2, 5, 5, False))
     out = backend.call(model, ids, return_hidden_states=True)
     assert_close(out.logits, out.last_hidden_state @ params["tgt_embed.token.weight"].T, "float64", "tied logits")
+
+
+def test_shared_embeddings_read_one_table_on_both_sides_and_in_the_output(backend, tmp_path):
+    """share_embeddings with tie_output: the schema, the seeded initialisation and the file hold
+    the table once (tgt_embed.token.weight); the source side and the output projection read it,
+    so changing that one array changes the encoder's input and the logits."""
+    assert "src_embed.token.weight" not in param_schema(SHARED)
+    assert "generator.proj.weight" not in param_schema(SHARED)
+    params = init_params(SHARED, seed=1, dtype="float64", nonzero_biases=True)
+    assert "src_embed.token.weight" not in params
+    save_params(tmp_path / "shared.safetensors", params, SHARED)
+    with safe_open(tmp_path / "shared.safetensors", framework="numpy") as f:
+        assert sorted(f.keys()) == sorted(param_schema(SHARED))  # stored once
+    model = backend.impl.load_model(str(tmp_path / "shared.safetensors"))
+    src, tgt = model_inputs(SHARED, (2, 6, 5, False))
+    out = backend.call(model, src, tgt, return_hidden_states=True)
+    table = params["tgt_embed.token.weight"]
+    assert_close(out.logits, out.last_hidden_state @ table.T, "float64", "logits read the shared table")
+    # the same model with a source table of its own, a copy of the shared one: the same outputs
+    own = backend.impl.build_model(SHARED.replace(share_embeddings=False), dict(params, **{"src_embed.token.weight": table}))
+    copied = backend.call(own, src, tgt)
+    assert_close(out.encoder_last_hidden_state, copied.encoder_last_hidden_state, "float64", "encoder output")
+    assert_close(out.logits, copied.logits, "float64", "logits")
+    changed = dict(params, **{"tgt_embed.token.weight": table + 0.5})
+    moved = backend.call(backend.impl.build_model(SHARED, changed), src, tgt).encoder_last_hidden_state
+    assert not np.allclose(moved, out.encoder_last_hidden_state), "the encoder must read the shared table"
 
 
 def test_weights_saved_from_one_backend_load_into_another_with_the_same_outputs(backend, reference, tmp_path):

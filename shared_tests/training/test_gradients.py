@@ -22,7 +22,7 @@ from numpy_impl.module import enable_grad
 from transformer_run.batches import decoder_only_batch, encoder_decoder_batch, shift_targets, split_batch
 from transformer_spec import Config, init_params, param_schema, parent_of
 
-from ..cases import TINY, VARIANTS, as_kind, hidden, token_ids, variant_params
+from ..cases import SHARED, TINY, VARIANTS, as_kind, hidden, token_ids, variant_params
 from ..helpers import (
     STEP,
     build,
@@ -321,6 +321,37 @@ def test_tied_table_gets_gradient_from_the_output_projection_too(reference):
         model = reference.impl.build_model(config, init_params(config, seed=11, dtype="float64"))
         grad = reference.impl.loss_and_grads(model, batch)[1]["tgt_embed.token.weight"]
         assert np.any(grad[absent] != 0) == has_gradient
+
+
+def test_shared_table_gradient_matches_finite_differences(reference):
+    """The paper's three-way sharing: one table is the source embedding, the target embedding
+    and the output projection; NumPy's backward adds up the gradients of its three uses."""
+    check_model_against_finite_differences(reference, SHARED, training_batch(SHARED), 0.1)
+
+
+def test_shared_table_gradient_is_the_sum_of_its_three_uses(backend, reference):
+    """The same model with three copies of the table (its own source table, an untied output
+    projection holding the table transposed, a zero bias): the shared table's gradient equals the
+    copies' gradients added up, in every backend, in float64, and torch's and JAX's equal NumPy's."""
+    params = init_params(SHARED, seed=11, dtype="float64", nonzero_biases=True)
+    table = params["tgt_embed.token.weight"]  # (V, d_model)
+    copies = SHARED.replace(share_embeddings=False, tie_output=False)
+    copied = params | {"src_embed.token.weight": table.copy(), "generator.proj.weight": table.T.copy(),
+                       "generator.proj.bias": np.zeros(SHARED.tgt_vocab_size)}  # fmt: skip
+    batch = training_batch(SHARED)
+    loss, grads = backend.impl.loss_and_grads(backend.impl.build_model(SHARED, params), batch, 0.1)
+    copies_loss, copies_grads = backend.impl.loss_and_grads(backend.impl.build_model(copies, copied), batch, 0.1)
+    assert list(grads) == list(param_schema(SHARED))  # one parameter: the optimiser sees one table
+    three_uses = (copies_grads["src_embed.token.weight"] + copies_grads["tgt_embed.token.weight"]
+                  + copies_grads["generator.proj.weight"].T)  # fmt: skip
+    assert loss == pytest.approx(copies_loss, rel=1e-12)
+    shared = np.asarray(grads["tgt_embed.token.weight"])
+    assert np.abs(shared - three_uses).max() <= 1e-12 * np.abs(three_uses).max()
+    for name in ("src_embed.token.weight", "tgt_embed.token.weight", "generator.proj.weight"):
+        assert np.abs(copies_grads[name]).max() > 0, f"{name}: each use contributes"
+    want = reference.impl.loss_and_grads(reference.impl.build_model(SHARED, params), batch, 0.1)
+    assert np.abs(shared - want[1]["tgt_embed.token.weight"]).max() <= 1e-12 * np.abs(shared).max()
+    assert_loss_and_gradients_match((loss, grads), want, "shared embeddings")
 
 
 # ------------------------------------------------------------------ every backend against NumPy
