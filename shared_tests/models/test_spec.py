@@ -19,7 +19,7 @@ from transformer_spec import (
     param_schema,
     save_params,
 )
-from transformer_spec.config import FOLLOWS, RENAMED
+from transformer_spec.config import FOLLOWS, PAPER_TRAINING, RENAMED
 
 from ..helpers import configs, hypothesis_settings
 
@@ -40,6 +40,12 @@ def test_d_model_not_divisible_by_heads_is_refused_with_both_numbers():
         ({"layer_norm_eps": 0.0}, "layer_norm_eps must be a positive finite number"),
         ({"pad_id": 32000}, "pad_id must be an id in [0, src_vocab_size=32000), got 32000"),
         ({"kind": "encoder_only", "tie_output": True}, "tie_output=True needs a decoder"),
+        ({"kind": "decoder_only", "num_encoder_layers": 0, "share_embeddings": True},
+         "share_embeddings=True shares the source and target tables of an encoder-decoder: it needs "
+         "kind='encoder_decoder', got kind='decoder_only'"),
+        ({"tgt_vocab_size": 37000, "share_embeddings": True},
+         "src_vocab_size (32000) must equal tgt_vocab_size (37000)"),
+        ({"share_embeddings": 1}, "share_embeddings must be a bool"),
     ],
 )
 def test_invalid_configs_are_refused_at_construction(changes, words):
@@ -56,6 +62,28 @@ def test_presets_are_valid_and_the_paper_base_has_table_3_sizes():
     assert set(PRESETS) >= {"tiny", "tiny-lm", "tiny-bert", "base", "bert-base"}
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         Config.preset("huge")
+
+
+@pytest.mark.parametrize("name, d_model, heads, d_ff, dropout, count", [
+    ("paper-base", 512, 8, 2048, 0.1, 63_082_496),
+    ("paper-big", 1024, 16, 4096, 0.3, 214_245_376),
+])  # fmt: skip
+def test_the_paper_presets_have_table_3_sizes_and_its_parameter_counts(name, d_model, heads, d_ff, dropout, count):
+    """Table 3 (65M and 213M, rounded): 6 + 6 post-norm layers, sinusoidal positions, one 37,000-token
+    vocabulary whose one matrix is the source and target embeddings and the output projection;
+    counted with every bias and LayerNorm. Without the sharing the base model would count 82,026,496
+    (the source table again) and 101,007,496 (and the projection with its bias)."""
+    config = Config.preset(name)
+    assert (config.d_model, config.num_heads, config.d_ff, config.dropout) == (d_model, heads, d_ff, dropout)
+    assert (config.num_encoder_layers, config.num_decoder_layers, config.src_vocab_size) == (6, 6, 37000)
+    assert config.tgt_vocab_size == 37000 and config.share_embeddings and config.tie_output
+    assert config.positional == "sinusoidal" and not config.norm_first and config.activation == "relu"
+    assert sum(int(np.prod(shape)) for shape in param_schema(config).values()) == count
+    if name == "paper-base":
+        unshared = sum(int(np.prod(s)) for s in param_schema(config.replace(share_embeddings=False)).values())
+        untied = config.replace(share_embeddings=False, tie_output=False)
+        assert (unshared, sum(int(np.prod(s)) for s in param_schema(untied).values())) == (82_026_496, 101_007_496)
+    assert (PAPER_TRAINING["label_smoothing"], PAPER_TRAINING["warmup_steps"]) == (0.1, 4000)
 
 
 def test_config_survives_json():
@@ -192,6 +220,7 @@ BAD_FIELDS = st.sampled_from(
         ("positional", "alibi"), ("rope_layout", "pairs"), ("sinusoid_layout", "cosines"), ("dropout", 1.0),
         ("layer_norm_eps", 0.0), ("rope_theta", float("inf")), ("pad_id", 99), ("bias", 1), ("norm_first", None),
         ("tie_output", "yes"), ("type_vocab_size", -2), ("attention_bias", 0), ("final_logits_bias", "no"),
+        ("share_embeddings", "yes"),
     ]
 )  # fmt: skip
 
