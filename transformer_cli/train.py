@@ -25,16 +25,28 @@ under torchrun, each process is one replica instead), JAX shards the batch over 
 (simulated on the CPU when there are fewer: XLA_FLAGS=--xla_force_host_platform_device_count=N),
 NumPy splits it into N shards run in turn. Replica r's dropout is seeded from (seed, r).
 
+``--fsdp N`` shards every weight, its gradient and its Adam moments over N devices that each take
+1/N of the batch (fully sharded data parallel: a layer's weights are gathered just before it runs,
+its gradients reduce-scattered); ``--tensor-parallel K`` splits each attention's heads and each
+feed-forward's hidden features over K devices (Megatron's column-then-row split). They combine with
+each other, and ``--tensor-parallel`` with ``--data-parallel``, on data x model devices: torch
+processes, JAX devices, NumPy devices simulated in this process. A plan that cannot work (a degree
+that does not divide the heads, the key/value heads, d_ff, a weight's dimension or the batch) is
+refused before anything starts; ``--heads`` and ``--d-ff`` resize the task's model to fit one.
+
 Examples:
   transformer-ref train --task translate --steps 300 --save translate.safetensors
   transformer-ref train --resume translate.safetensors --steps 400      # 100 steps more
   transformer-ref train --task copy --backend torch --plot loss.png      # one torch thread: see --threads
   transformer-ref train --task copy --backend torch --data-parallel 2    # 2 DDP processes, 16 rows each
+  transformer-ref train --task next-word --heads 4 --d-ff 48 --fsdp 2 --tensor-parallel 2   # 4 devices
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import os
 import sys
 import time
@@ -56,6 +68,7 @@ from transformer_run.data import (
 )
 from transformer_run.data_parallel import batch_size, check_data_parallel
 from transformer_run.schedules import warmup_schedule
+from transformer_run.sharding import Plan, check_plan
 from transformer_spec import Config, WeightsError, WeightsFileError, init_params
 
 from .errors import UsageError, dropout_rate, get_installed_backend, missing_extra, positive_int, probability, seed
@@ -113,6 +126,22 @@ def add_parser(commands) -> None:
         help="train on N replicas, each on 1/N of every batch (torch: N DDP processes spawned here; jax: N "
         "devices, simulated on the CPU if fewer exist; numpy: N shards in turn); the batch must split evenly",
     )
+    parser.add_argument(
+        "--fsdp",
+        type=positive_int,
+        metavar="N",
+        help="shard every weight, gradient and Adam moment over N devices, each on 1/N of every batch "
+        "(fully sharded data parallel); N must divide the dimension it splits of every weight",
+    )
+    parser.add_argument(
+        "--tensor-parallel",
+        type=positive_int,
+        metavar="K",
+        help="split each attention's heads and each feed-forward's hidden features over K devices "
+        "(Megatron); K must divide the heads, the key/value heads and d_ff",
+    )
+    parser.add_argument("--heads", type=positive_int, metavar="H", help="the task model's attention heads")
+    parser.add_argument("--d-ff", type=positive_int, metavar="N", help="the task model's feed-forward width")
     parser.add_argument("--plot", metavar="PNG", help="draw the loss of every step into this PNG (needs matplotlib)")
     add_threads_argument(parser)
     parser.set_defaults(run=run)
@@ -145,16 +174,19 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--checkpoint-every {args.checkpoint_every} needs --save FILE (where to write them)")
     if save:
         _check_writable("--save" if args.save else "--resume", save)
-    if args.data_parallel and (save or resumed):
+    if args.data_parallel and not (args.fsdp or args.tensor_parallel) and (save or resumed):
         option = "--save" if args.save else "--resume"
         raise UsageError(f"--data-parallel {args.data_parallel} does not checkpoint yet: leave out {option}")
+    plan = _sharding_plan(args, resumed, settings)
     if args.data_parallel and settings["backend"] == "jax":
-        _simulate_cpu_devices(args.data_parallel)
+        _simulate_cpu_devices(args.data_parallel if plan is None else plan.devices)
+    elif plan is not None and settings["backend"] == "jax":
+        _simulate_cpu_devices(plan.devices)
     backend = get_installed_backend(settings["backend"])
     if args.plot:
         _check_plot(args.plot)
     config, batches, show = task_setup(settings["task"], settings["seed"])
-    config = config.replace(dropout=settings["dropout"])
+    config = _resized(config.replace(dropout=settings["dropout"]), args)
     done = resumed.state.step if resumed else 0
     steps = args.steps or (resumed.run["steps"] if resumed else DEFAULT_STEPS[settings["task"]])
     every = args.checkpoint_every or (resumed.run.get("checkpoint_every") if resumed else None) or 100
@@ -162,7 +194,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps {steps}: the run in {args.resume} has already done {done} steps")
     if resumed and resumed.config != config:
         raise UsageError(f"--resume {args.resume}: its config is not the one task {settings['task']!r} trains")
-    if args.data_parallel:
+    sharded_train = None
+    if plan is not None:
+        for batch in batches:
+            try:
+                check_plan(config, plan, batch_size(config, batch))
+            except ValueError as error:
+                raise UsageError(f"{_plan_options(args)}: task {settings['task']}: {error}") from None
+        sharded_train = _sharded_train(settings["backend"], args)
+    elif args.data_parallel:
         for batch in batches:
             try:
                 check_data_parallel(batch_size(config, batch), args.data_parallel)
@@ -179,14 +219,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"training {settings['task']} in {settings['backend']} ({settings['dtype']}): {config.kind}, "
           f"d_model {config.d_model}, {steps} steps, Adam with the paper's warm-up schedule ({settings['warmup']} "
           f"steps){where}" + (f", {threads} torch thread{'s' * (threads > 1)}" if threads else "")
-          + (f", data parallel over {args.data_parallel} replicas" if args.data_parallel else ""))  # fmt: skip
+          + (f", data parallel over {args.data_parallel} replicas" if args.data_parallel and not plan else "")
+          + (f", sharded over {plan.devices} devices ({_plan_options(args)})" if plan else ""))  # fmt: skip
     run_record = settings | {"steps": steps, "checkpoint_every": every}
 
     def checkpoint(state) -> None:
         save_checkpoint(save, config, backend.impl.to_params(model), state, run_record)
 
     progress = ProgressBar(steps, tokens_per_step)
-    if args.data_parallel:
+    if sharded_train is not None:
+        losses = sharded_train(
+            model, batches, steps, schedule, settings["label_smoothing"], callback=progress,
+            seed=settings["seed"], plan=plan, checkpoint=checkpoint if save else None, checkpoint_every=every,
+        )  # fmt: skip
+    elif args.data_parallel:
         try:
             losses = backend.impl.data_parallel_train(
                 model, batches, steps, schedule, settings["label_smoothing"], callback=progress,
@@ -213,6 +259,53 @@ def run(args: argparse.Namespace) -> int:
         print(f"loss curve: {args.plot}")
     show(backend, model)
     return 0
+
+
+def _plan_options(args: argparse.Namespace) -> str:
+    """The sharding options as given: "--fsdp 2 --tensor-parallel 3"."""
+    given = [("--data-parallel", args.data_parallel), ("--fsdp", args.fsdp),
+             ("--tensor-parallel", args.tensor_parallel)]  # fmt: skip
+    return " ".join(f"{option} {value}" for option, value in given if value)
+
+
+def _sharding_plan(args: argparse.Namespace, resumed: Checkpoint | None, settings: dict) -> Plan | None:
+    """The plan of --fsdp / --tensor-parallel (with --data-parallel), or None without them; the
+    settings they cannot run with are refused here, before anything starts."""
+    if not (args.fsdp or args.tensor_parallel):
+        return None
+    if resumed:
+        raise UsageError(f"{_plan_options(args)}: a sharded run does not resume: leave out --resume")
+    if settings["dtype"] == "bfloat16":
+        raise UsageError(f"{_plan_options(args)}: sharded runs train in float32 or float64, not --dtype bfloat16")
+    try:
+        return Plan(args.data_parallel or 1, args.fsdp or 1, args.tensor_parallel or 1)
+    except ValueError as error:
+        raise UsageError(f"{_plan_options(args)}: {error}") from None
+
+
+def _sharded_train(backend: str, args: argparse.Namespace):
+    """``<backend>_impl.sharding.sharded_train``, or a one-line refusal where the backend has none."""
+    try:
+        module = importlib.import_module(f"{backend}_impl.sharding")
+    except ModuleNotFoundError as error:
+        if error.name != f"{backend}_impl.sharding":
+            raise
+        module = None
+    train = getattr(module, "sharded_train", None)
+    if train is None or "plan" not in inspect.signature(train).parameters:  # the entry point's contract
+        raise UsageError(f"{_plan_options(args)}: the {backend} backend has no sharded training yet")
+    return train
+
+
+def _resized(config: Config, args: argparse.Namespace) -> Config:
+    """The task's model with the --heads and --d-ff given (a plan may need them to divide)."""
+    sizes = {"num_heads": args.heads, "d_ff": args.d_ff}
+    sizes = {name: value for name, value in sizes.items() if value is not None}
+    try:
+        return config.replace(**sizes) if sizes else config
+    except ValueError as error:
+        options = " ".join(f"--{n.replace('num_', '').replace('_', '-')} {v}" for n, v in sizes.items())
+        raise UsageError(f"{options}: {error}") from None
 
 
 def _simulate_cpu_devices(replicas: int) -> None:
