@@ -645,7 +645,8 @@ def sharded_train(
         load_whole(model, run.whole())
         moments = {f"m.{n}": m for n, m in run.whole("m").items()}
         moments |= {f"v.{n}": v for n, v in run.whole("v").items()}
-        return TrainingState(run.t, list(losses), moments, dropout_streams(run.replicas[0].model))
+        # the model's own streams: a checkpoint resumes on one device (the replicas drew their own)
+        return TrainingState(run.t, list(losses), moments, dropout_streams(model))
 
     try:
         return train_loop(
