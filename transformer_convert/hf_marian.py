@@ -14,8 +14,8 @@ Marian is the paper's translation model, our ``Transformer``, with three knobs t
 - token embeddings scaled by sqrt(d_model) when ``scale_embedding`` (our ``scale_embeddings``;
   OPUS-MT models have it on);
 - one token table shared by the source, the target and the output projection
-  (``model.shared``: our ``src_embed.token`` and ``tgt_embed.token`` hold equal copies, and
-  ``tie_output``), plus a bias added to the logits, ``final_logits_bias`` (our
+  (``model.shared``: our ``share_embeddings`` and ``tie_output``, the one table
+  ``tgt_embed.token.weight``), plus a bias added to the logits, ``final_logits_bias`` (our
   ``final_logits_bias=True``, ``generator.logits_bias``);
 - the activation of the feed-forward from ``activation_function`` ("swish" is our "silu");
 - decoding starts from the pad token (``decoder_start_token_id == pad_token_id``).
@@ -30,11 +30,15 @@ Names: in every layer ``self_attn`` is ours, with ``q_proj`` / ``k_proj`` / ``v_
 Two things the weights do not say:
 
 - Whether the checkpoint shares its embeddings (``share_encoder_decoder_embeddings``, default
-  True): pass it as ``shared_embeddings``. Shared, the state dict holds ``model.shared.weight``
-  (and, in ``state_dict()``, its tied copies ``model.encoder.embed_tokens.weight``,
-  ``model.decoder.embed_tokens.weight`` and ``lm_head.weight``, each checked equal to it); an
-  export refuses a model whose two tables differ. Not shared, the encoder and decoder tables are
+  True): pass it as ``shared_embeddings`` (``marian_config`` reads it into ``share_embeddings``).
+  Shared, the state dict holds ``model.shared.weight`` (and, in ``state_dict()``, its tied copies
+  ``model.encoder.embed_tokens.weight``, ``model.decoder.embed_tokens.weight`` and
+  ``lm_head.weight``, each checked equal to it). Not shared, the encoder and decoder tables are
   separate (``vocab_size`` and ``decoder_vocab_size`` rows) and the head is tied to the decoder's.
+  Our config and the checkpoint may say different things: a config with ``share_embeddings``
+  loads separate tables only when they are equal (else a ``WeightsError`` names both) and exports
+  its one table as both; a config without it holds two copies of a shared table, and an export
+  to a shared checkpoint refuses two copies that differ.
 - Padding: our model hides every token equal to ``config.pad_id`` as a key, and Marian's
   decoder starts from that very token. Run our decoder on Marian's targets with an explicit
   ``tgt_mask`` that lets the start token be seen (the tests do), or every first query would
@@ -121,7 +125,7 @@ def marian_config(hf: Mapping[str, Any]) -> Config:
         tgt_vocab_size=decoder_vocab, max_len=int(hf.get("max_position_embeddings", 1024)), norm_first=False,
         activation=activation(MODEL, "activation_function", hf.get("activation_function", "gelu"), _ACTIVATIONS),
         positional="sinusoidal", sinusoid_layout="halves", layer_norm_eps=1e-5, bias=True,
-        encoder_final_norm=False, decoder_final_norm=False, tie_output=tied,
+        encoder_final_norm=False, decoder_final_norm=False, tie_output=tied, share_embeddings=shared,
         scale_embeddings=bool(hf.get("scale_embedding", False)), final_logits_bias=tied,
         pad_id=resolve_pad_id(MODEL, hf, min(vocab, decoder_vocab), None), dropout=0.0,
     )  # fmt: skip
@@ -183,12 +187,14 @@ def _pairs(config: Config) -> dict[str, tuple[str, Any]]:
     return pairs
 
 
-def _tables(shared_embeddings: bool) -> dict[str, str]:
-    """Our token tables -> the Hugging Face table each reads."""
+def _tables(config: Config, shared_embeddings: bool) -> list[tuple[str, str]]:
+    """(our token table, the Hugging Face table it is read from and written to), the source's then
+    the target's; with ``share_embeddings`` our one table, tgt_embed's, stands for both."""
+    source = "tgt_embed.token.weight" if config.share_embeddings else "src_embed.token.weight"
     if shared_embeddings:
-        return {"src_embed.token.weight": "model.shared.weight", "tgt_embed.token.weight": "model.shared.weight"}
-    return {"src_embed.token.weight": "model.encoder.embed_tokens.weight",
-            "tgt_embed.token.weight": "model.decoder.embed_tokens.weight"}  # fmt: skip
+        return [(source, "model.shared.weight"), ("tgt_embed.token.weight", "model.shared.weight")]
+    return [(source, "model.encoder.embed_tokens.weight"),
+            ("tgt_embed.token.weight", "model.decoder.embed_tokens.weight")]  # fmt: skip
 
 
 def marian_schema(config: Config, shared_embeddings: bool = True) -> Schema:
@@ -196,7 +202,7 @@ def marian_schema(config: Config, shared_embeddings: bool = True) -> Schema:
     without the tied copies and the sinusoid tables."""
     _check_marian_config(config, shared_embeddings)
     ours = param_schema(config)
-    schema = {theirs: ours[name] for name, theirs in _tables(shared_embeddings).items()}
+    schema = {theirs: ours[name] for name, theirs in _tables(config, shared_embeddings)}
     schema |= hf_shapes(_pairs(config), ours)
     schema["final_logits_bias"] = (1, config.tgt_vocab_size)  # a buffer in torch, a weight for us
     return schema
@@ -233,7 +239,14 @@ def params_from_marian(
     for name in _positions(config):
         table = lambda: marian_sinusoids(config.max_len, config.d_model)  # noqa: E731
         check_buffer(arrays, name, table, "Marian's [sin | cos] sinusoid table")
-    params = {ours: as_is(arrays[theirs]) for ours, theirs in _tables(shared_embeddings).items()}
+    if config.share_embeddings and not shared_embeddings:  # two tables into our one
+        source, target = "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"
+        if not np.array_equal(arrays[source], arrays[target]):
+            raise WeightsError(
+                f"{source} differs from {target}, but the config shares one table between the source and the "
+                "target (share_embeddings=True): load the checkpoint into a config with share_embeddings=False"
+            )
+    params = {ours: as_is(arrays[theirs]) for ours, theirs in _tables(config, shared_embeddings)}
     params |= {ours: how(arrays[theirs]) for ours, (theirs, how) in _pairs(config).items()}
     bias = as_is(arrays["final_logits_bias"][0])  # (1, V) -> (V,)
     params["generator.logits_bias" if config.tie_output else "generator.proj.bias"] = bias
@@ -248,13 +261,14 @@ def params_to_marian(
     copies and the sinusoid tables (in the weights' dtype) too. Shared embeddings must be equal."""
     _check_marian_config(config, shared_embeddings)
     check_params({k: np.shape(v) for k, v in params.items()}, param_schema(config), what="the Marian config")
-    source, target = np.asarray(params["src_embed.token.weight"]), np.asarray(params["tgt_embed.token.weight"])
+    tables = _tables(config, shared_embeddings)
+    source, target = (np.asarray(params[ours]) for ours, _ in tables)  # one array with share_embeddings
     if shared_embeddings and not np.array_equal(source, target):
         raise WeightsError(
             "src_embed.token.weight differs from tgt_embed.token.weight, but a Marian model with shared "
             "embeddings has one table: export with shared_embeddings=False"
         )
-    state = {theirs: as_is(params[ours]) for ours, theirs in _tables(shared_embeddings).items()}
+    state = {theirs: as_is(params[ours]) for ours, theirs in tables}
     state |= {theirs: how(params[ours]) for ours, (theirs, how) in _pairs(config).items()}
     bias = params["generator.logits_bias" if config.tie_output else "generator.proj.bias"]
     state["final_logits_bias"] = as_is(np.asarray(bias)[None, :])  # (V,) -> (1, V)

@@ -82,7 +82,7 @@ def exported(name: str) -> tuple[Converter, dict, dict]:
     """(the converter, our weights, their state dict made from them)."""
     converter = CONVERTERS[name]
     params = converter.ours(converter.config)
-    if name == "MarianMTModel":  # one table shared by encoder and decoder
+    if "src_embed.token.weight" in params and name == "MarianMTModel":  # a shared table, as two equal copies
         params["src_embed.token.weight"] = params["tgt_embed.token.weight"]
     return converter, params, converter.to_theirs(params, converter.config)
 
@@ -177,6 +177,29 @@ def test_torch_export_of_a_whole_model_leaves_out_embeddings_but_refuses_strange
         to_torch_transformer(params | {"decoder.layers.0.extra": np.zeros(3)}, TORCH)
     with pytest.raises(WeightsError, match=r"wrong shapes \[src_embed.token.weight: expected \(53, 36\)"):
         to_torch_transformer(params | {"src_embed.token.weight": np.zeros((52, 36))}, TORCH)
+
+
+def test_marian_shared_table_is_one_parameter_and_two_separate_tables_load_into_it_only_when_equal():
+    """A Marian checkpoint that shares its embeddings gives a config with share_embeddings: one
+    table in our weights (no copy to drift apart while training). Separate encoder and decoder
+    tables load into such a config only when equal; two that differ are refused, naming both,
+    and load into a config with two tables. Our one table exports as both, and back again."""
+    config = CONVERTERS["MarianMTModel"].config
+    assert config.share_embeddings and config.tie_output
+    params = init_params(config, seed=1, nonzero_biases=True)
+    assert "src_embed.token.weight" not in params
+    shared = params_to_marian(params, config)
+    assert "model.shared.weight" in shared and "model.encoder.embed_tokens.weight" in shared  # state_dict()'s copy
+    state = params_to_marian(params, config, shared_embeddings=False)  # two tables, written from the one
+    encoder, decoder = "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"
+    assert np.array_equal(state[encoder], state[decoder]) and "model.shared.weight" not in state
+    back = params_from_marian(state, config, shared_embeddings=False)
+    assert sorted(back) == sorted(params) and all(np.array_equal(back[k], params[k]) for k in params)
+    drifted = state | {encoder: state[encoder] + 1.0}
+    with pytest.raises(WeightsError, match=f"{encoder} differs from {decoder}, but the config shares one table"):
+        params_from_marian(drifted, config, shared_embeddings=False)
+    two = params_from_marian(drifted, config.replace(share_embeddings=False), shared_embeddings=False)
+    assert np.array_equal(two["src_embed.token.weight"], drifted[encoder])
 
 
 def test_bert_refuses_heads_of_other_models_and_a_pooler_the_config_lacks():

@@ -458,11 +458,16 @@ def test_a_tied_copy_that_differs_is_refused(transformers, family, variant, copy
 
 
 def test_marian_shared_tables_must_be_equal_to_export(transformers):
-    _, config, _, params, _, to_hf = converted("marian", "d36-swish-scaled")
+    """A shared checkpoint reads into one table (share_embeddings); read into a config with two
+    tables, they are equal copies, and an export refuses copies that drifted apart."""
+    _, config, state, params, from_hf, to_hf = converted("marian", "d36-swish-scaled")
+    assert config.share_embeddings and "src_embed.token.weight" not in params
+    two_tables = config.replace(share_embeddings=False)
+    params = from_hf(state, two_tables)
     assert np.array_equal(params["src_embed.token.weight"], params["tgt_embed.token.weight"])
     changed = params | {"src_embed.token.weight": params["src_embed.token.weight"] + 1.0}
     with pytest.raises(WeightsError, match="src_embed.token.weight differs from tgt_embed.token.weight"):
-        to_hf(changed, config)
+        to_hf(changed, two_tables)
 
 
 def test_marian_positions_in_another_layout_are_refused(transformers):
