@@ -24,6 +24,7 @@ PER_BACKEND_FILES: dict[str, str] = {
     "kernels.py": "fused-kernels",
     "data_parallel.py": "replica-processes",
     "mixed_precision.py": "mixed-precision",
+    "sharding.py": "sharded-engines",
 }
 # Files one backend has and the others do not, because their framework brings what they hold.
 ONE_BACKEND_FILES: dict[str, str] = {"numpy_impl/module.py": "numpy-framework"}
@@ -101,6 +102,15 @@ REASONS: dict[str, str] = {
     "after another on one model and adds their gradients, each weighted by its share of the global count. "
     "All three reuse their train.py's step pieces and transformer_run.train's loop, and "
     "shared_tests/training/test_data_parallel.py holds each equal to the single-device step.",
+    "sharded-engines": "FSDP and tensor parallelism live in one file per backend, sharding.py, with the same "
+    "entry points (sharded_train, step_collectives) and each backend's own body, since the engines are each "
+    "framework's own. torch runs one process per device on a 2-D DeviceMesh: fully_shard on each layer and on "
+    "the model, parallelize_module with ColwiseParallel and RowwiseParallel; JAX gives each weight a "
+    "NamedSharding on a ('data', 'model') mesh and lets GSPMD put the collectives into the jitted step (and "
+    "writes one block with shard_map, where they are explicit); NumPy, the reference, simulates every device "
+    "in one process and writes each all-gather, reduce-scatter and all-reduce out as a function over the list "
+    "of the devices' arrays. All three take the plan (which weight is split how, and the checks) from "
+    "transformer_run.sharding, and shared_tests/sharding holds each equal to the single-device step.",
     "mixed-precision": "bf16 mixed precision is each framework's own: torch wraps the forward in torch.autocast "
     "(matmuls and linear layers in bf16, everything else in the dtype its inputs promote to: float32 embeddings, "
     "norms and residual stream); JAX runs Flax's compute dtype (a copy of the model inside the jitted step, its "
