@@ -617,6 +617,67 @@ PAGES: tuple[Page, ...] = (
         },
     ),
     Page(
+        slug="sharding",
+        title="Sharding: FSDP and tensor parallelism",
+        summary="One model over many devices: weights split by FSDP and by Megatron's column/row blocks, "
+        "every collective of a step written out in NumPy.",
+        equations=(
+            r"Y = \mathrm{act}(X A)\, B = \sum_{t=1}^{K} \mathrm{act}(X A_t)\, B_t",
+            r"\mathrm{bytes\ per\ device} \approx \frac{4 P}{N} + \mathrm{one\ layer} + \mathrm{the\ rest}",
+        ),
+        text=(
+            "A plan (`transformer_run.sharding.Plan`) has three degrees on a mesh of two axes: `data` "
+            "(data_parallel or fsdp devices, each on its own rows of the batch) and `model` (tensor_parallel "
+            "devices, each on its own heads and its own slice of d_ff). `check_plan` refuses, before anything "
+            "starts, a degree that does not divide what it splits (the heads, the key/value heads, d_ff, a "
+            "weight's dimension such as the vocabulary, the batch), in one line naming both numbers.",
+            "Tensor parallelism (Megatron) splits the matrix that opens a block by columns (w_q, w_k, w_v; w_1 "
+            "or w_gate and w_up) and the one that closes it by rows (w_o; w_2 or w_down), so that each device "
+            "computes its own heads, or its own hidden features, from the whole input, and one all-reduce adds "
+            "the partial outputs: the sum above, A_t the columns and B_t the rows of device t. In the backward "
+            "pass one all-reduce adds the devices' parts of the block's input gradient. Key/value heads are "
+            "split in order like the query heads, so grouped-query attention keeps each group on one device. "
+            "Norms, embeddings and the output projection stay whole on every model device.",
+            "FSDP keeps 1/N of every weight, of its gradient and of both Adam moments on each device. Before a "
+            "layer runs, the devices all-gather its weights, drop them after its forward, all-gather them again "
+            "for its backward, and reduce-scatter its gradients; the rest of the model (embeddings, final norm, "
+            "output projection) is gathered once for the step. Adam works element by element, so each device "
+            "updating its own pieces is the whole update. A device's peak is its quarter of everything plus one "
+            "layer's and the rest's whole weights and gradients: with 12 layers at N = 4, 0.28 of one device.",
+            "NumPy runs every device in one process, a thread per data rank, and writes each collective as a "
+            "function over the list of the devices' arrays (`all_gather`, `reduce_scatter`, `all_reduce`), "
+            "counted per step (`step_collectives`): the reference the engines' counts are held to. torch runs "
+            "one process per device (`fully_shard`, `parallelize_module` on a `DeviceMesh`); JAX places each "
+            "weight with a `NamedSharding` and lets the compiler insert the collectives.",
+        ),
+        code=(
+            "transformer_run/sharding.py: Plan, placement, check_plan, fsdp_units, piece, join",
+            "sharding.py: sharded_train, sharded_loss_and_grads, step_collectives",
+            "sharding.py: all_gather, reduce_scatter, all_reduce, _add_up, CollectiveLog",
+            "sharding.py: TensorParallelAttention, TensorParallelFeedForward, local_attention, local_feed_forward",
+            "sharding.py: Device, ShardedUnit, DataAxis, Replica, ShardedRun, load_whole",
+        ),
+        tests=("*sharding*",),
+        notes={
+            "all_gather": "No counterpart: the engine runs the collective between real devices.",
+            "reduce_scatter": "No counterpart: the engine runs the collective between real devices.",
+            "all_reduce": "No counterpart: the engine runs the collective between real devices.",
+            "_add_up": "No counterpart: the engine runs the collective between real devices.",
+            "CollectiveLog": "No counterpart: torch's profiler and JAX's compiled program list the collectives.",
+            "TensorParallelAttention": "No counterpart: torch's parallelize_module turns the block's weights "
+            "into DTensors in place; JAX's shardings leave the module as it is.",
+            "TensorParallelFeedForward": "No counterpart: as TensorParallelAttention.",
+            "local_attention": "No counterpart: a device's part of the weights is its shard of them.",
+            "local_feed_forward": "No counterpart: a device's part of the weights is its shard of them.",
+            "Device": "No counterpart: the devices are real (processes, or JAX devices).",
+            "ShardedUnit": "No counterpart: fully_shard (torch) and the compiler (JAX) gather the weights.",
+            "DataAxis": "No counterpart: the devices are real and meet in their process group or mesh.",
+            "Replica": "No counterpart: each process (torch) or device (JAX) is its own data rank.",
+            "ShardedRun": "No counterpart: the framework holds the sharded arrays.",
+            "load_whole": "No counterpart: the backend gathers the shards into its own model at the end.",
+        },
+    ),
+    Page(
         slug="decoding",
         title="Decoding: greedy search, beam search and sampling",
         summary="One search in NumPy for every backend; steppers with and without a key/value cache.",
