@@ -623,7 +623,7 @@ PAGES: tuple[Page, ...] = (
         "every collective of a step written out in NumPy.",
         equations=(
             r"Y = \mathrm{act}(X A)\, B = \sum_{t=1}^{K} \mathrm{act}(X A_t)\, B_t",
-            r"\mathrm{bytes\ per\ device} \approx \frac{4 P}{N} + \mathrm{one\ layer} + \mathrm{the\ rest}",
+            r"M_{\mathrm{device}} \approx \frac{4 P}{N} + 2 P_{\mathrm{layer}} + 2 P_{\mathrm{rest}}",
         ),
         text=(
             "A plan (`transformer_run.sharding.Plan`) has three degrees on a mesh of two axes: `data` "
@@ -642,8 +642,10 @@ PAGES: tuple[Page, ...] = (
             "layer runs, the devices all-gather its weights, drop them after its forward, all-gather them again "
             "for its backward, and reduce-scatter its gradients; the rest of the model (embeddings, final norm, "
             "output projection) is gathered once for the step. Adam works element by element, so each device "
-            "updating its own pieces is the whole update. A device's peak is its quarter of everything plus one "
-            "layer's and the rest's whole weights and gradients: with 12 layers at N = 4, 0.28 of one device.",
+            "updating its own pieces is the whole update. A device's peak (above, in bytes: P the weights', "
+            "counted four times for the weights, gradients and two moments) is its 1/N of everything plus the "
+            "whole weights and gradients of one layer and of the rest: with 12 layers at N = 4, 0.28 of one "
+            "device.",
             "NumPy runs every device in one process, a thread per data rank, and writes each collective as a "
             "function over the list of the devices' arrays (`all_gather`, `reduce_scatter`, `all_reduce`), "
             "counted per step (`step_collectives`): the reference the engines' counts are held to. torch runs "
