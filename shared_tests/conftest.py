@@ -94,6 +94,7 @@ SLOW = {
         "test_the_three_backends_agree_to_1e_12_in_float64",
     },
     "oracles/test_oracle_smollm2_transformers.py": {"test_last_logits_match_transformers_loading_the_same_file"},
+    "oracles/test_oracle_paper_base.py": {"test_one_adam_step_of_paper_base_runs_with_one_shared_table"},
     "training/test_dropout.py": {
         "test_train_trains_with_dropout_and_leaves_inference_mode",
         "test_training_mode_masks_are_random_and_reproducible_from_the_seed",
