@@ -58,6 +58,7 @@ from transformer_run.train import TrainingState, train_loop
 from transformer_spec import param_schema, parent_of
 
 from .attention import MultiHeadAttention
+from .checks import weights_dtype
 from .feed_forward import GatedFeedForward, PositionwiseFeedForward, make_feed_forward
 from .layers import Linear, seed_dropout
 from .loss import cross_entropy, cross_entropy_backward
@@ -159,9 +160,8 @@ class TensorParallelAttention(Module):
     def _grads(self, per_rank: list, grad_output: Array) -> dict[str, Any]:
         grads: dict[str, Any] = {name: [g[name] for _, g in per_rank] for name in per_rank[0][1]}
         if self.output_bias is not None:  # added after the sum: the same on every rank
-            grads["w_o.bias"] = grad_output.reshape(-1, grad_output.shape[-1]).sum(
-                axis=0
-            )  # (d_model,)
+            rows = grad_output.reshape(-1, grad_output.shape[-1])  # (B T_q, d_model)
+            grads["w_o.bias"] = rows.sum(axis=0)  # (d_model,)
         return grads
 
 
@@ -187,8 +187,9 @@ class TensorParallelFeedForward(Module):
         per_rank = [rank.backward(grad_output) for rank in self.ranks]
         grad_x = self.all_reduce([grad for grad, _ in per_rank])  # (B, T, d_model)
         grads: dict[str, Any] = {name: [g[name] for _, g in per_rank] for name in per_rank[0][1]}
-        if self.output_bias is not None:
-            grads[f"{self.out}.bias"] = grad_output.reshape(-1, grad_output.shape[-1]).sum(axis=0)
+        if self.output_bias is not None:  # added after the sum: the same on every rank
+            rows = grad_output.reshape(-1, grad_output.shape[-1])  # (B T, d_model)
+            grads[f"{self.out}.bias"] = rows.sum(axis=0)  # (d_model,)
         return grad_x, grads
 
     all_reduce = TensorParallelAttention.all_reduce
@@ -197,15 +198,11 @@ class TensorParallelFeedForward(Module):
 def local_attention(attention: MultiHeadAttention, tensor_parallel: int) -> MultiHeadAttention:
     """Model rank t's part of ``attention``: the same module with 1/K of the heads, and w_o
     without its bias (``TensorParallelAttention`` adds it once)."""
-    config, k = attention.config, tensor_parallel
-    dtype = attention.w_q.weight.dtype.name
+    config, k, dtype = attention.config, tensor_parallel, weights_dtype(attention)
     local = MultiHeadAttention(config, dtype, rotary=isinstance(attention.rotary, RotaryEmbedding))
     local.num_heads, local.num_kv_heads = config.num_heads // k, config.num_kv_heads // k
-    d_q, d_kv, bias = (
-        local.num_heads * config.d_k,
-        local.num_kv_heads * config.d_k,
-        config.attention_bias,
-    )
+    d_q, d_kv = local.num_heads * config.d_k, local.num_kv_heads * config.d_k
+    bias = config.attention_bias
     local.w_q = Linear(config.d_model, d_q, bias, dtype)
     local.w_k = Linear(config.d_model, d_kv, bias, dtype)
     local.w_v = Linear(config.d_model, d_kv, bias, dtype)
@@ -215,16 +212,9 @@ def local_attention(attention: MultiHeadAttention, tensor_parallel: int) -> Mult
 
 def local_feed_forward(ffn, tensor_parallel: int):
     """Model rank t's part of ``ffn``: d_ff / K hidden features, the last layer without its bias."""
-    config, dtype = (
-        ffn.config,
-        ffn.w_down.weight.dtype.name if isinstance(ffn, GatedFeedForward) else None,
-    )
-    dtype = dtype or ffn.w_1.weight.dtype.name
-    local, d_ff, bias = (
-        make_feed_forward(config, dtype),
-        config.d_ff // tensor_parallel,
-        config.ffn_bias,
-    )
+    config, dtype = ffn.config, weights_dtype(ffn)
+    local = make_feed_forward(config, dtype)
+    d_ff, bias = config.d_ff // tensor_parallel, config.ffn_bias
     if isinstance(local, GatedFeedForward):
         local.w_gate = Linear(config.d_model, d_ff, bias, dtype)
         local.w_up = Linear(config.d_model, d_ff, bias, dtype)
