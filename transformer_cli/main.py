@@ -5,7 +5,7 @@ missing extra) is one line on stderr and exit status 2: ``transformer_cli.errors
 
 from __future__ import annotations
 
-from . import attention, compare, embed, generate, mirror, pitfalls, shakespeare, trace, train
+from . import attention, compare, embed, generate, mirror, params, pitfalls, shakespeare, trace, train
 from .errors import Parser, UsageError, usage_error
 
 
@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     trace.add_parser(commands)
     attention.add_parser(commands)
     mirror.add_parser(commands)
+    params.add_parser(commands)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named by the subcommand, as its other errors are
         raise usage_error(

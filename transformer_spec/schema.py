@@ -12,6 +12,7 @@ composition, and the shared tests build single components from the same function
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -181,6 +182,27 @@ def model_schema(config: Config, prefix: str = "") -> Schema:
         if config.final_logits_bias:
             schema[_join(prefix, "generator.logits_bias")] = (config.tgt_vocab_size,)
     return schema
+
+
+# The parts of a model a parameter count is given by: the first component of each name.
+PARTS = {"src_embed": "embeddings", "tgt_embed": "embeddings", "encoder": "encoder", "decoder": "decoder",
+         "generator": "output projection", "pooler": "pooler"}  # fmt: skip
+
+
+def param_counts(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """Parameters per part, from a model's schema (or the shapes of the weights a file holds):
+    "embeddings" (each token table once, so a table that ``share_embeddings`` gives both stacks
+    once; positions, token types and their norm), "encoder", "decoder" (their layers and final
+    norms), "output projection" (none when ``tie_output``: it is the target table, counted in
+    the embeddings; the logits bias), "pooler", and "total". Biases and norms are counted."""
+    counts = dict.fromkeys((*dict.fromkeys(PARTS.values()), "total"), 0)
+    for name, shape in shapes.items():
+        part = PARTS.get(name.split(".")[0])
+        if part is None:
+            raise ValueError(f"{name!r} is in no part of a model; expected a name starting with one of {sorted(PARTS)}")
+        counts[part] += math.prod(shape)
+        counts["total"] += math.prod(shape)
+    return counts
 
 
 COMPONENTS: dict[str, Callable[..., Schema]] = {

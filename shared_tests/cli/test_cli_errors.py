@@ -202,6 +202,19 @@ def test_pitfalls_and_mirror_errors_are_one_line(capsys, tmp_path):
     one_line_error(capsys, ["mirror", "--pair", "numpy-jax"], "--pair", "'numpy-jax'")
 
 
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--preset", "paper-huge"], ["--preset", "'paper-huge'", "paper-base", "paper-big"]),
+        (["--weights", "no-such-file.safetensors"], ["--weights", "no-such-file.safetensors", "is not a file"]),
+        (["--weights", README], ["--weights", "README.md", "is not a safetensors file"]),
+        (["--weights", "{files}/foreign.safetensors"], ["foreign.safetensors", "without transformer_spec metadata"]),
+    ],
+)
+def test_params_errors_are_one_line(capsys, files, argv, words):
+    one_line_error(capsys, ["params", *[a.format(files=files) for a in argv]], *words)
+
+
 def test_embed_errors_are_one_line(capsys, monkeypatch):
     one_line_error(capsys, ["embed"], "the following arguments are required: sentences")
     one_line_error(capsys, ["embed", "a sentence", "--backend", "tf"], "--backend", "'tf'")

@@ -17,7 +17,7 @@ from transformer_cli.main import main
 from transformer_run.data import BOS, EOS, TOY_TRANSLATION, TOY_TRANSLATION_MODEL, WordVocab, pad
 from transformer_spec import load_params
 
-COMMANDS = ["compare", "embed", "generate", "pitfalls", "train", "shakespeare", "trace", "attention", "mirror"]
+COMMANDS = ["compare", "embed", "generate", "pitfalls", "train", "shakespeare", "trace", "attention", "mirror", "params"]
 
 
 def help_text(*argv: str) -> str:
