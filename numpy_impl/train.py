@@ -49,13 +49,16 @@ def train(
     checkpoint: Callable[[TrainingState], None] | None = None,
     checkpoint_every: int = 0,
     compute_dtype: str | None = None,
+    compiled_step: bool = False,
 ) -> list[float]:
     """``steps`` Adam updates at ``schedule``'s rates, cycling through ``batches`` in order;
     returns the loss of every step. The loop itself (training mode with dropout drawn from
     ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
     ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
     is ``transformer_run.train``'s. ``compute_dtype="bfloat16"``: mixed precision
-    (mixed_precision.py)."""
+    (mixed_precision.py). ``compiled_step``: each step as this backend compiles it (compiled.py:
+    torch.compile in torch, not with mixed precision; JAX's step is always jit-compiled; NumPy
+    has no compiler)."""
     check_compute_dtype(compute_dtype)
     optimizer = Adam(model, schedule)
     step = train_step

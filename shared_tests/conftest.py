@@ -43,6 +43,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and importlib.util.find_spec("j
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ and importlib.util.find_spec("torch") is not None:
+    # The same for torch.compile (shared_tests/models/test_torch_compiled.py): Inductor's built
+    # code, one folder for this run's workers, read back where a graph was compiled before.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _torch_cache = tempfile.mkdtemp(prefix="shared-tests-inductor-")
+    atexit.register(shutil.rmtree, _torch_cache, ignore_errors=True)
+
 import pytest
 
 from transformer_backends import get_backend

@@ -141,6 +141,13 @@ def attention_context(
     time for a (B, 9, 1, T) decoding step).
     """
     gqa = q.shape[-3] != k.shape[-3]
+    if mask is not None and torch.compiler.is_compiling():  # differs: torch-compile
+        # no host sync in a compiled graph (a value read breaks it in two): the general case
+        has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, T_q|1, 1)
+        context = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask | ~has_key, enable_gqa=gqa
+        )  # (..., T_q, d_v)
+        return context.masked_fill(~has_key, 0.0)  # (..., T_q, d_v)
     # every key allowed (a decoding step without padding): nothing to mask
     if mask is None or mask.all():
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # (..., T_q, d_v)

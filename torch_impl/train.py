@@ -20,6 +20,7 @@ from transformer_run.mixed_precision import check_compute_dtype
 from transformer_run.train import TrainingState, train_loop
 from transformer_spec import param_schema, parent_of
 
+from .compiled import compiled_train_step
 from .layers import seed_dropout
 from .loss import cross_entropy
 from .mixed_precision import compute_in_bf16
@@ -65,16 +66,21 @@ def train(
     checkpoint: Callable[[TrainingState], None] | None = None,
     checkpoint_every: int = 0,
     compute_dtype: str | None = None,
+    compiled_step: bool = False,
 ) -> list[float]:
     """``steps`` Adam updates at ``schedule``'s rates, cycling through ``batches`` in order;
     returns the loss of every step. The loop itself (training mode with dropout drawn from
     ``seed``, ``callback(step, loss)``, back to inference mode; ``resume`` from a
     ``TrainingState``, ``checkpoint(state)`` every ``checkpoint_every`` steps and at the end)
     is ``transformer_run.train``'s. ``compute_dtype="bfloat16"``: mixed precision
-    (mixed_precision.py)."""
+    (mixed_precision.py). ``compiled_step``: each step as this backend compiles it (compiled.py:
+    torch.compile in torch, not with mixed precision; JAX's step is always jit-compiled; NumPy
+    has no compiler)."""
     check_compute_dtype(compute_dtype)
     optimizer = Adam(model, schedule)
     step = train_step
+    if compiled_step and compute_dtype is None:  # differs: torch-compile
+        step = compiled_train_step
     if compute_dtype is not None:
         step = functools.partial(train_step, compute_dtype=compute_dtype)
     return train_loop(

@@ -36,11 +36,28 @@ class Backend:
         """Wait until ``result`` is computed (JAX dispatches asynchronously)."""
         return result
 
+    # Whether a whole model runs compiled by default: JAX's is jit-compiled (how JAX runs: op by op
+    # it dispatches each operation on its own), NumPy has no compiler (its compiled(model) is the model).
+    # torch runs eagerly by default, as torch does: torch.compile costs tens of seconds per model and
+    # shape on a CPU, so it is the user's choice (``compiled(model)``, the command line's --compile).
+    compiles_by_default = True
+
+    def runner(self, model) -> Any:
+        """The callable a whole model runs with by default: ``impl.compiled(model)`` where the
+        backend compiles by default (JAX), the model itself otherwise (torch: eager)."""
+        return self.impl.compiled(model) if self.compiles_by_default else model
+
+    def compiled_for_decoding(self, model) -> Any:
+        """``model`` with what its decoding steps call compiled: torch compiles the decoder and the
+        output projection in place (``torch_impl.compiled.compile_layers``); JAX's steps are always
+        jit-compiled and NumPy has no compiler: the model as it is."""
+        return model
+
     def call(self, fn, *args, **kwargs) -> Any:
         """Run ``fn`` on backend arrays made from the NumPy ``args``; return NumPy results.
-        A whole model runs the way its backend runs models fast: ``impl.compiled(model)``."""
+        A whole model runs the way its backend runs models by default: ``runner(model)``."""
         if getattr(fn, "schema", None) == "model":  # a whole model (components have check_inputs too)
-            fn = self.impl.compiled(fn)
+            fn = self.runner(fn)
         args = [self._in(a) for a in args]
         kwargs = {k: self._in(v) for k, v in kwargs.items()}
         return self._out(fn(*args, **kwargs))
@@ -98,6 +115,7 @@ class JaxBackend(Backend):
 
 class TorchBackend(Backend):
     name = "torch"
+    compiles_by_default = False  # eager, as torch runs; torch.compile on request (compiled(model))
 
     def __init__(self):
         self.torch = importlib.import_module("torch")
@@ -109,6 +127,9 @@ class TorchBackend(Backend):
 
     def to_numpy(self, x):
         return x.detach().cpu().numpy()
+
+    def compiled_for_decoding(self, model):
+        return importlib.import_module("torch_impl.compiled").compile_layers(model)
 
     def call(self, fn, *args, **kwargs):
         with self.torch.no_grad():

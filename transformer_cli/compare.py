@@ -8,12 +8,14 @@ By default each backend runs as users get it, with its fused kernels (``kernels.
 torch's F.scaled_dot_product_attention, F.layer_norm, F.gelu, native encoder layer;
 NumPy's float32 erf, attention a sequence at a time); ``--kernels written-out`` runs the
 teaching code alone (what ``transformer-ref trace`` records), ``--kernels both`` each
-side by side.
+side by side. JAX runs jit-compiled, torch eagerly; ``--compile`` runs torch through
+torch.compile (its first call then includes the compiling).
 
 Examples:
   transformer-ref compare                          # the tiny encoder-decoder, random ids, every backend
   transformer-ref compare --preset toy-translate   # the shipped toy translator on "she likes fish"
   transformer-ref compare --preset bert-base --dtype float32 --kernels both --backends numpy,torch
+  transformer-ref compare --compile --dtype float32 --backends jax,torch
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 
 from transformer_backends import get_backend
 
+from .compile import add_compile_argument, model_runner, note
 from .errors import positive_int
 from .help import plain, summary
 from .inputs import add_backends_argument, add_model_arguments, chosen_backends, describe, load_model_input
@@ -60,6 +63,7 @@ def add_parser(commands) -> None:
         help="fused (default: each backend's kernels.py, as users run it), written-out (the teaching "
         "code alone, fused kernels off), or both, side by side",
     )
+    add_compile_argument(parser)
     add_threads_argument(parser)
     parser.set_defaults(run=run)
 
@@ -84,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"input (first row): {' '.join(tokens)}  ({len(tokens)} tokens)")
     if missing:
         print(f"not installed (skipped): {', '.join(missing)}")
+    if note(installed, args.compile):
+        print(note(installed, args.compile))
 
     reference = get_backend("numpy")
     with reference.impl.kernels.fused_kernels(False):
@@ -96,18 +102,20 @@ def run(args: argparse.Namespace) -> int:
         for d in dtypes
         for mode in modes
     ]
+    for r in runs:  # JAX: one jit-compiled program; torch: eager, or torch.compile with --compile
+        r.run = model_runner(r.backend, r.model, args.compile)
     outputs, first, times = {}, {}, {r.label: [] for r in runs}
-    for r in runs:  # the first call separately: it includes JAX's compilation
+    for r in runs:  # the first call separately: it includes JAX's compilation (torch's with --compile)
         start = time.perf_counter()
         with r.backend.impl.kernels.fused_kernels(r.mode == "fused"):
-            outputs[r.label] = getattr(r.backend.call(r.model, *inputs), field)
+            outputs[r.label] = getattr(r.backend.call(r.run, *inputs), field)
         first[r.label] = time.perf_counter() - start
     for _ in range(args.repeat):  # then interleaved, so that a slow minute hits every backend alike
         for r in runs:
             backend_inputs = [r.backend.asarray(x) for x in inputs]
             with r.backend.impl.kernels.fused_kernels(r.mode == "fused"):
                 start = time.perf_counter()
-                r.backend.synchronize(_forward(r.backend, r.model, backend_inputs))
+                r.backend.synchronize(_forward(r.backend, r.run, backend_inputs))
                 times[r.label].append(time.perf_counter() - start)
 
     scale = float(np.abs(want).max())
@@ -155,14 +163,14 @@ class Run:
     mode: str  # "fused" | "written-out"
     model: Any
     label: str
+    run: Any = None  # what runs the model: model_runner's
 
 
 def _label(backend: str, dtype: str, mode: str, both: bool) -> str:
     return f"{backend} {dtype}" + (f" {mode}" if both else "")
 
 
-def _forward(backend, model, inputs):
-    run = backend.impl.compiled(model)  # JAX: one jit-compiled program; NumPy and torch: the model itself
+def _forward(backend, run, inputs):
     if backend.name == "torch":
         with backend.torch.no_grad():
             return run(*inputs)

@@ -10,11 +10,14 @@ Prints the text, the prompt and new token counts, and the tokens per second (the
 prefill and the first step included; JAX's first call also compiles). ``--backend all`` runs
 the three on the same weights and prints them side by side, then the largest difference of
 each backend's logits from NumPy's over the whole generated sequence (one forward pass each).
+JAX's decoding steps are always jit-compiled; ``--compile`` compiles torch's (torch.compile,
+counted in its first steps); NumPy has no compiler.
 
 Examples:
   transformer-ref generate --prompt "The capital of France is"
   transformer-ref generate --prompt "What is gravity?" --chat --max-new-tokens 40 --backend torch
   transformer-ref generate --prompt "Once upon a time" --backend all --temperature 0.8 --top-p 0.9
+  transformer-ref generate --prompt "The capital of France is" --backend torch --compile
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from transformer_backends import available_backends, get_backend
 from transformer_backends.names import BACKENDS
 
 from . import errors
+from .compile import add_compile_argument, note
 from .help import plain, summary
 from .threads import add_threads_argument, use_threads
 
@@ -62,6 +66,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--top-k", type=int, help="sampling: keep only the k most probable tokens")
     parser.add_argument("--top-p", type=float, help="sampling: keep the smallest set of tokens reaching probability p")
     parser.add_argument("--seed", type=int, default=0, help="sampling: the generator's seed (default: %(default)s)")
+    add_compile_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -115,10 +120,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"SmolLM2-135M ({path.rsplit('/', 1)[-1]}), {args.dtype}, {mode}; prompt: {ids.shape[1]} tokens")
     if args.chat:
         print(f"chat template applied:\n{text}")
+    if note(names, args.compile):
+        print(note(names, args.compile))
     results = {}
     for name in names:
         backend = get_backend(name)
         model = backend.impl.build_model(config, params, dtype=args.dtype)
+        if args.compile:  # torch: its decoder and output projection through torch.compile
+            model = backend.compiled_for_decoding(model)
         start = time.perf_counter()
         out = _decode(backend, model, ids, info.eos_id, args, mode)  # (1, 1 + new)
         seconds = time.perf_counter() - start

@@ -34,6 +34,10 @@ processes, JAX devices, NumPy devices simulated in this process. A plan that can
 that does not divide the heads, the key/value heads, d_ff, a weight's dimension or the batch) is
 refused before anything starts; ``--heads`` and ``--d-ff`` resize the task's model to fit one.
 
+``--compile`` compiles torch's training step (its forward pass, loss and backward pass, through
+torch.compile; Adam's update as it is); JAX's step is always jit-compiled and NumPy has no compiler.
+It trains on one device, in float32 or float64 (bf16 and the parallel runs stay eager).
+
 Examples:
   transformer-ref train --task translate --steps 300 --save translate.safetensors
   transformer-ref train --resume translate.safetensors --steps 400      # 100 steps more
@@ -71,6 +75,7 @@ from transformer_run.schedules import warmup_schedule
 from transformer_run.sharding import Plan, check_plan
 from transformer_spec import Config, WeightsError, WeightsFileError, init_params
 
+from .compile import add_compile_argument, note
 from .errors import UsageError, dropout_rate, get_installed_backend, missing_extra, positive_int, probability, seed
 from .help import plain, summary
 from .threads import add_threads_argument, use_threads
@@ -143,6 +148,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--heads", type=positive_int, metavar="H", help="the task model's attention heads")
     parser.add_argument("--d-ff", type=positive_int, metavar="N", help="the task model's feed-forward width")
     parser.add_argument("--plot", metavar="PNG", help="draw the loss of every step into this PNG (needs matplotlib)")
+    add_compile_argument(parser)
     add_threads_argument(parser)
     parser.set_defaults(run=run)
 
@@ -178,6 +184,10 @@ def run(args: argparse.Namespace) -> int:
         option = "--save" if args.save else "--resume"
         raise UsageError(f"--data-parallel {args.data_parallel} does not checkpoint yet: leave out {option}")
     plan = _sharding_plan(args, resumed, settings)
+    if args.compile and (args.data_parallel or plan is not None):
+        raise UsageError(f"--compile compiles the one-device step: leave out {_plan_options(args)}")
+    if args.compile and settings["dtype"] == "bfloat16":
+        raise UsageError("--compile compiles the float32 and float64 steps: bfloat16 runs eagerly, leave one out")
     if args.data_parallel and settings["backend"] == "jax":
         _simulate_cpu_devices(args.data_parallel if plan is None else plan.devices)
     elif plan is not None and settings["backend"] == "jax":
@@ -226,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
     def checkpoint(state) -> None:
         save_checkpoint(save, config, backend.impl.to_params(model), state, run_record)
 
+    if note([settings["backend"]], args.compile):
+        print(note([settings["backend"]], args.compile))
     progress = ProgressBar(steps, tokens_per_step)
     if sharded_train is not None:
         losses = sharded_train(
@@ -244,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
         losses = backend.impl.train(
             model, batches, steps, schedule, settings["label_smoothing"], callback=progress, seed=settings["seed"],
             resume=resumed.state if resumed else None, checkpoint=checkpoint if save else None,
-            checkpoint_every=every, compute_dtype=compute_dtype,
+            checkpoint_every=every, compute_dtype=compute_dtype, compiled_step=args.compile,
         )  # fmt: skip
     progress.close()
     if save:

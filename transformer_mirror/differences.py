@@ -25,6 +25,7 @@ PER_BACKEND_FILES: dict[str, str] = {
     "data_parallel.py": "replica-processes",
     "mixed_precision.py": "mixed-precision",
     "sharding.py": "sharded-engines",
+    "compiled.py": "compilers",
 }
 # Files one backend has and the others do not, because their framework brings what they hold.
 ONE_BACKEND_FILES: dict[str, str] = {"numpy_impl/module.py": "numpy-framework"}
@@ -73,8 +74,17 @@ REASONS: dict[str, str] = {
     "dropout mask from its one global generator, which a constructor must not reseed behind the user's back.",
     "jax-jit": "JAX compiles, from outside the model as Flax's own examples do: compiled(model) checks the "
     "inputs eagerly (inside jit their values are unknown) and runs the forward pass as one jax.jit program "
-    "(nnx.jit while dropout advances its random streams). NumPy and torch run eagerly: their compiled(model) "
-    "is the model itself.",
+    "(nnx.jit while dropout advances its random streams). NumPy has no compiler: its compiled(model) is the "
+    "model itself; torch's applies torch.compile (see torch-compile).",
+    "compilers": "Each framework compiles its own way, applied from outside the model: JAX's compiled(model) "
+    "is jax.jit (how JAX runs), torch's is torch.compile (on request: torch runs eagerly by default), and "
+    "NumPy has no compiler (its compiled(model) is the model). Both compilers check the inputs eagerly first, "
+    "since a compiled graph cannot read their values.",
+    "torch-compile": "torch runs eagerly by default and compiles on request: compiled(model) checks the inputs "
+    "eagerly, then runs the forward pass through torch.compile (Dynamo captures the graph, Inductor writes and "
+    "builds the code); compiled_step=True does the same for a training step's forward, loss and backward. "
+    "Inside a compiled graph a tensor's value cannot decide a branch without cutting the graph in two, so the "
+    "attention kernel skips its host-side shortcuts there.",
     "torch-device": "torch allocates on a device: a tensor made from nothing (torch.ones, torch.arange, "
     "torch.zeros) is told where, usually the device of an input, or it lands on the CPU next to a GPU "
     "model. NumPy has one device, and JAX puts new arrays on its default device.",

@@ -68,7 +68,7 @@ def _component(backend, name, component, config=TINY, dtype="float64"):
 
 def _logits(backend, model, *args, **kwargs) -> np.ndarray:
     """The model's first output field, as NumPy (logits, or the encoder's last hidden state)."""
-    out = backend.impl.compiled(model)(*args, **kwargs)
+    out = backend.runner(model)(*args, **kwargs)  # as the backend runs a model by default
     value = out.logits if out.logits is not None else out.last_hidden_state
     return backend.to_numpy(value)
 
