@@ -436,7 +436,9 @@ PAGES: tuple[Page, ...] = (
         text=(
             "Three assemblies of the same parts. `Transformer` is the paper's: source ids -> encoder -> memory; "
             "target ids (shifted right) + memory -> decoder -> `Generator`, the projection to the vocabulary, "
-            "which with `tie_output` reuses the target embedding table (section 3.4). `TransformerLM` is a "
+            "which with `tie_output` reuses the target embedding table (section 3.4); `share_embeddings` "
+            "makes the source embedding read that same table too (one vocabulary for both sides), so that "
+            "with both switches one matrix serves all three uses, as in the paper. `TransformerLM` is a "
             "decoder without cross-attention; `TransformerEncoderModel` is BERT, with its `Pooler`.",
             "Masks left as None are built from the ids and `config.pad_id`. Every model returns a `ModelOutput` "
             "with the logits or last hidden state and, on request, every hidden state and attention map. JAX "
@@ -456,11 +458,12 @@ PAGES: tuple[Page, ...] = (
         code=(
             "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel",
             "compiled.py: _run, compiled",
-            "checks.py: readable, to_backend, token_ids, attention_mask, check_float_inputs, weights_dtype",
+            "checks.py: readable, to_backend, device_of, token_ids, attention_mask, check_float_inputs, weights_dtype",
         ),
         tests=("*test_models.py::*",),
         notes={
             "_run": "Not needed: runs eagerly, op by op.",
+            "device_of": "Not needed: NumPy has one device, and JAX puts new arrays on its default device.",
         },
     ),
     Page(
