@@ -63,6 +63,7 @@ from .positional import (
     sinusoidal_table,
 )
 from .sublayer import sublayer_connection
+from .tiled_attention import TiledAttention, tiled_attention
 from .trace import named_modules, trace_model
 from .train import train, train_step
 
@@ -102,6 +103,7 @@ __all__ = [
     "RotaryEmbedding",
     "PositionwiseFeedForward",
     "SinusoidalPositionalEncoding",
+    "TiledAttention",
     "TokenEmbedding",
     "Transformer",
     "TransformerEncoderModel",
@@ -134,6 +136,7 @@ __all__ = [
     "silu",
     "sinusoidal_table",
     "sublayer_connection",
+    "tiled_attention",
     "to_params",
     "train",
     "train_step",

@@ -57,6 +57,7 @@ from .positional import (
     sinusoidal_table,
 )
 from .sublayer import sublayer_connection
+from .tiled_attention import TiledAttention, tiled_attention
 from .trace import named_modules, trace_model
 from .train import train, train_step
 
@@ -93,6 +94,7 @@ __all__ = [
     "RotaryEmbedding",
     "PositionwiseFeedForward",
     "SinusoidalPositionalEncoding",
+    "TiledAttention",
     "TokenEmbedding",
     "Transformer",
     "TransformerEncoderModel",
@@ -127,6 +129,7 @@ __all__ = [
     "silu",
     "sinusoidal_table",
     "sublayer_connection",
+    "tiled_attention",
     "to_params",
     "train",
     "train_step",

@@ -53,6 +53,7 @@ COMPONENT_FILES = (
     "positional.py",
     "embeddings.py",
     "attention.py",
+    "tiled_attention.py",
     "feed_forward.py",
     "layer_norm.py",
     "sublayer.py",

@@ -201,6 +201,14 @@ def check_attention_inputs(q_shape: Sequence[int], k_shape: Sequence[int], v_sha
         )
 
 
+def check_block_size(block_size: Any) -> None:
+    """A tiled attention's block: a positive int, the number of keys (and values) each step reads."""
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+        raise TypeError(f"block_size must be a positive int (keys per block), got {block_size!r}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be a positive int (keys per block), got {block_size}")
+
+
 def check_attention_projections(
     q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], d_model: int
 ) -> None:

@@ -91,6 +91,23 @@ def test_scaled_dot_product_attention_backward_matches_finite_differences(refere
     check_finite_differences("attention", loss, arrays, analytic, full_up_to=200)
 
 
+def test_tiled_attention_backward_matches_finite_differences(reference):
+    """FlashAttention's backward (the weights recomputed block by block from the logsumexp), with
+    blocks that do not divide the keys and a fully masked query row."""
+    rng = np.random.default_rng(4)
+    q, k, v = rng.standard_normal((2, 2, 4, 5)), rng.standard_normal((2, 2, 7, 5)), rng.standard_normal((2, 2, 7, 3))
+    mask = rng.random((2, 1, 4, 7)) < 0.7
+    mask[1, :, 2, :] = False  # a fully masked query row
+    attention = reference.impl.TiledAttention(block_size=3)
+    with enable_grad():
+        context = attention(q, k, v, mask)
+    r = output_weights(context.shape)
+    (grad_q, grad_k, grad_v), _ = attention.backward(r)
+    loss = lambda: float((attention(q, k, v, mask) * r).sum())
+    arrays, analytic = {"q": q, "k": k, "v": v}, {"q": grad_q, "k": grad_k, "v": grad_v}
+    check_finite_differences("tiled attention", loss, arrays, analytic, full_up_to=200)
+
+
 def test_linear_backward_matches_finite_differences(reference):
     rng = np.random.default_rng(2)
     linear = reference.impl.Linear(7, 4, bias=True, dtype="float64")
