@@ -199,9 +199,8 @@ for row, (label, config) in enumerate(real.items()):
     axis.text(left + 1, row, f"{left:.1f} M", va="center", fontsize=9)
     shares = ", ".join(f"{part} {count / 1e6:.1f} M" for part, count in by_part(config).items())
     print(f"{label:18} {sum(by_part(config).values()):12,d} weights: {shares}")
-shared = Config.preset("base", src_vocab_size=37000, tgt_vocab_size=37000, tie_output=True)
-one_table = sum(by_part(shared).values()) - shared.src_vocab_size * shared.d_model  # src and tgt share one table
-print(f"base with one table of 37,000 for source, target and output: {one_table:,} weights")
+paper = Config.preset("paper-base")  # share_embeddings and tie_output: one table, three uses
+print(f"paper-base, one table of 37,000 for source, target and output: {sum(by_part(paper).values()):,} weights")
 axis.set_yticks(range(len(real)), list(real))
 axis.invert_yaxis()
 axis.set_xlabel("millions of weights")
@@ -214,7 +213,8 @@ fig.tight_layout()
 # BERT-base's 109,482,240 and SmolLM2-135M's 134,515,008 are the counts their published
 # checkpoints hold. The paper gives its base model 65 million: it shares *one* table of a
 # 37,000-token vocabulary between the source, the target and the output projection (63
-# million by the same count: the last line printed). With two tables of 32,000 and an untied
+# million by the same count: the last line printed, the `paper-base` preset, whose
+# `share_embeddings=True` gives the encoder the decoder's table). With two tables of 32,000 and an untied
 # projection, the `base` preset has 93 million, more than half of them in the three tables.
 # SmolLM2 ties its output (no generator: the grey part is missing), and still a fifth of it
 # is its embedding table of 49,152 tokens.
