@@ -22,6 +22,9 @@ NumPy's kernels:
   multiplies (B, H) small matrices; here the ``groups`` query heads of one key/value head
   are the rows of one block, (groups * T_q, d_k) against that head's (T_k, d_k) keys: no
   copy, and H / H_kv times fewer, taller products. The softmax works in place.
+  A long sequence (``TILED_FROM_KEYS`` keys or more, ``transformer_spec.kernels``): the
+  tiled attention (``tiled_attention.py``), ``TILE_KEYS`` keys at a time, so that not even
+  one batch entry's (H, T_q, T_k) scores are made: one (B, H, T_q, TILE_KEYS) block is.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from collections.abc import Callable
 import numpy as np
 
 from transformer_spec.kernels import (
+    TILE_KEYS,
+    TILED_FROM_KEYS,
     fusable_in,
     fused_kernels,
     fused_kernels_enabled,
@@ -40,6 +45,7 @@ from transformer_spec.kernels import (
 
 from .checks import check_mask
 from .module import is_grad_enabled
+from .tiled_attention import tiled_attention
 
 __all__ = ["KERNELS", "fusable", "fused_kernels", "fused_kernels_enabled", "use_fused_kernels"]
 
@@ -95,6 +101,9 @@ def multi_head_attention(
     groups = module.groups
     if groups > 1:  # grouped-query attention: query head h reads kv head h // groups
         k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)  # (B, H, T_k, d_k) each
+    if k.shape[-2] >= TILED_FROM_KEYS:  # a long sequence: a block of keys at a time
+        context, _ = tiled_attention(q, k, v, mask, TILE_KEYS)  # (B, H, T_q, d_k)
+        return module.w_o(module.merge_heads(context)), None  # (B, T_q, d_model)
     context = np.empty_like(q)  # (B, H, T_q, d_k)
     scale = math.sqrt(q.shape[-1])
     for b in range(q.shape[0]):

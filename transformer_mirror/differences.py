@@ -33,8 +33,9 @@ ONE_BACKEND_FILES: dict[str, str] = {"numpy_impl/module.py": "numpy-framework"}
 REASONS: dict[str, str] = {
     "fused-kernels": "Speed lives in one file per backend, kernels.py: the fused kernels a backend has "
     "(torch's F.scaled_dot_product_attention, F.layer_norm, F.gelu and its in-place activation GEMM; "
-    "NumPy's blocked float32 erf and its per-batch-entry in-place attention; none in JAX, whose XLA fuses "
-    "the written-out math itself) are that framework's own and have no translation. The component files "
+    "NumPy's blocked float32 erf and its per-batch-entry in-place attention, tiled for long sequences; in JAX, "
+    "whose XLA fuses the written-out math itself, only the tiled attention of a long sequence as one lax.scan) "
+    "are that framework's own and have no translation. The component files "
     "carry the same '@fusable(name)' line in every backend, and shared_tests/components/test_fast_paths.py holds "
     "each kernel equal to the code it replaces.",
     NUMPY_BACKWARD: "NumPy has no autograd: each module's hand-written backward (llm.c style, checked "

@@ -24,7 +24,21 @@ from contextlib import contextmanager
 
 from .trace import is_recording
 
-__all__ = ["fusable_in", "fused_kernels", "fused_kernels_enabled", "use_fused_kernels"]
+__all__ = [
+    "TILED_FROM_KEYS",
+    "TILE_KEYS",
+    "fusable_in",
+    "fused_kernels",
+    "fused_kernels_enabled",
+    "use_fused_kernels",
+]
+
+# NumPy's and JAX's attention kernels read the keys and values a block at a time (FlashAttention's
+# online softmax, each backend's tiled_attention.py) from this many keys on: one batch entry's
+# (H, T_q, T_k) scores are then 512 MiB in float32 at 8 heads, and the memory of a long sequence.
+# Below it the whole scores fit, and NumPy's plain kernel is faster.
+TILED_FROM_KEYS = 4096
+TILE_KEYS = 512  # keys per block in those kernels
 
 _enabled = [True]  # process-wide, as torch's and JAX's own global switches
 _local = threading.local()  # per thread: ``enabled``, the innermost ``fused_kernels`` block's setting
