@@ -467,6 +467,7 @@ class ShardedRun:
             betas,
             eps,
         )
+        check_plan(model.config, plan)  # every weight splits evenly
         self.log = CollectiveLog()
         self.weights: dict[str, Placement] = plan_weights(self.config, plan)
         self.shapes = param_schema(self.config)
