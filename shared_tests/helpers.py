@@ -195,6 +195,8 @@ def configs(draw, kinds=KINDS) -> Config:
     decoder_layers = draw(st.sampled_from((1, 2))) if kind != "encoder_only" else 0
     uses_decoder = kind != "encoder_only"
     src_vocab, tgt_vocab = draw(st.sampled_from((11, 23))), draw(st.sampled_from((13, 19)))
+    share_embeddings = kind == "encoder_decoder" and draw(st.booleans())  # one table: one vocabulary
+    tgt_vocab = src_vocab if share_embeddings else tgt_vocab
     optional_bool = st.sampled_from((None, False, True))
     return Config(
         kind=kind,
@@ -229,6 +231,7 @@ def configs(draw, kinds=KINDS) -> Config:
         embedding_norm=draw(st.booleans()),
         pooler=draw(st.booleans()) if kind == "encoder_only" else False,
         dropout=draw(st.sampled_from((0.0, 0.1))),  # inference: no backend may drop anything
+        share_embeddings=share_embeddings,
     )
 
 
