@@ -27,7 +27,8 @@ supports float64 on CPU, so a float64 model compiles as a float32 one does.
 Why the checks run outside the compiled graph: "is every id in [0, vocab)" reads the ids'
 values, and a value read inside a captured graph breaks it in two (Dynamo's graph break),
 so the checks and conversions run first, eagerly, and the compiled forward runs under
-``inputs_checked()``, where the model's and the components' checks return at once. A
+``inputs_checked()``, where the checks that read values return at once (the shape checks
+that remain are read off the shapes, inside the graph, at no cost once compiled). A
 recording ``trace`` in progress runs the model eagerly instead: a compiled graph has no
 intermediates to record.
 """
@@ -59,7 +60,7 @@ def compiled(model: torch.nn.Module) -> Callable[..., ModelOutput]:
     signature = inspect.signature(model.forward)  # read once, not on every call
     forward = torch.compile(model)  # compiles on first use; shares the model's parameters
 
-    def call(*args, **kwargs) -> ModelOutput:  # differs: torch-compile
+    def call(*args, **kwargs) -> ModelOutput:
         if is_recording():  # a trace reads every intermediate: only the eager model has them
             return model(*args, **kwargs)
         inputs = signature.bind(*args, **kwargs).arguments  # by name
@@ -68,7 +69,6 @@ def compiled(model: torch.nn.Module) -> Callable[..., ModelOutput]:
         with inputs_checked():
             return forward(*arrays, *flags)
 
-    call.model = model  # what was compiled, for callers that need the module itself
     return call
 
 

@@ -12,6 +12,14 @@ def test_compare_prints_the_side_by_side_table(capsys):
     assert "held to the NumPy float64 reference" in out and "numpy    float32" in out
 
 
+def test_compile_is_a_note_where_a_backend_has_no_compiler(capsys):
+    """--compile serves a run of every backend: NumPy, which has no compiler, runs as it is and
+    says so (torch would compile; JAX is always jit-compiled)."""
+    assert main(["compare", "--backends", "numpy", "--repeat", "1", "--compile"]) == 0
+    out = capsys.readouterr().out
+    assert "--compile: numpy has no compiler: it runs as it is" in out and "numpy    float32" in out
+
+
 def test_train_translates_the_seeds_corpus_after_training(capsys):
     assert main(["train", "--task", "translate", "--backend", "numpy", "--steps", "300"]) == 0
     lines = capsys.readouterr().out.splitlines()

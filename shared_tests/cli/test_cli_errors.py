@@ -166,6 +166,8 @@ def test_attention_out_must_be_a_folder_and_matplotlib_is_named_when_missing(cap
         (["--checkpoint-every", "5"], ["--checkpoint-every 5", "needs --save"]),
         (["--resume", "no-such-file.safetensors"], ["--resume", "no-such-file.safetensors", "is not a file"]),
         (["--resume", README], ["--resume", "README.md", "is not a safetensors file"]),
+        (["--compile", "--data-parallel", "2"], ["--compile", "one-device", "--data-parallel 2"]),
+        (["--compile", "--dtype", "bfloat16"], ["--compile", "bfloat16 runs eagerly"]),
     ],
 )
 def test_a_bad_train_option_is_one_line_before_any_training(capsys, argv, words):
