@@ -127,6 +127,35 @@ PAGES: tuple[Page, ...] = (
         ),
     ),
     Page(
+        slug="tiled_attention",
+        title="Tiled attention (FlashAttention)",
+        summary="The same attention a block of keys at a time: a running max and sum per query row.",
+        equations=(
+            r"m_i \gets \max\left(m_i, \max_{j \in B} s_{ij}\right), \quad c_i = \exp(m_i^{\mathrm{old}} - m_i)",
+            r"l_i \gets c_i l_i + \sum_{j \in B} \exp(s_{ij} - m_i), \quad o_i \gets c_i o_i + \sum_{j \in B} \exp(s_{ij} - m_i) v_j",
+            r"\mathrm{output}_i = o_i / l_i, \quad \mathrm{logsumexp}_i = m_i + \log l_i",
+        ),
+        text=(
+            "The plain attention makes the whole (B, H, T_q, T_k) scores, their exponentials and the weights: at "
+            "8 heads and 8192 positions each is 2 GiB in float32. FlashAttention (Dao et al. 2022, Algorithm 1) "
+            "reads the keys and values in blocks B of `block_size` and keeps, per query row, the largest score "
+            "so far m, the sum l of exp(s - m) and the unnormalised output o. A block that raises m rescales "
+            "what was summed by c = exp(m_old - m_new), so every term ends up relative to the same max; the "
+            "result is the plain attention's up to rounding, with one (B, H, T_q, block_size) block in memory. "
+            "The same masks; a row with no allowed key keeps m = -inf and l = 0, and gives 0.",
+            "NumPy's backward is FlashAttention's: it keeps only the output and each row's logsumexp, recomputes "
+            "a block's weights P = exp(s - logsumexp), and needs the softmax's inner product only per row, "
+            "D = rowsum(dO * O), so that dS = P * (dP - D). NumPy's and JAX's attention kernels take this path "
+            "for long sequences (see the kernels page); torch's `F.scaled_dot_product_attention` is already a "
+            "flash kernel on the CPU.",
+        ),
+        code=("tiled_attention.py: tiled_attention, tiled_attention_backward, TiledAttention",),
+        tests=(
+            "*test_tiled_attention.py::*",
+            "*test_gradients.py::test_tiled_attention_backward*",
+        ),
+    ),
+    Page(
         slug="multi_head_attention",
         title="Multi-head attention",
         summary="Project, split into heads, attend, merge, project; the key/value cache for decoding.",
@@ -697,6 +726,15 @@ PAGES: tuple[Page, ...] = (
             "NumPy, in `transformer_run.decoding`, so the backends cannot differ in it: only in the logits "
             "their steppers return. A stepper starts (encodes the source once), steps (newest tokens -> "
             "next-token logits) and reorders (keeps the surviving beams).",
+            "Beam search follows Hugging Face's `generate`: a hypothesis ends when it emits <eos> among the "
+            "k best candidates of its step, and every hypothesis ends at `max_len`; each source keeps its k best "
+            "finished ones, scored by total log-probability over (generated length)^`length_penalty`, and "
+            "stops, whatever the rest of its batch does, by `early_stopping`, Hugging Face's three rules. "
+            "`True`: once it has k finished hypotheses. `False`, the default as in Hugging Face: once, "
+            "besides, its best running hypothesis, scored at its current length, cannot beat the worst of "
+            "them (a heuristic: with a positive length penalty a longer one might still have). `\"never\"`: "
+            "once it cannot even scored at `max_len`, the best a continuation can reach when the length "
+            "penalty is positive: the canonical rule, which stops only when nothing can improve.",
             "The uncached stepper re-runs the whole prefix every step; the cached one feeds only the newest "
             "token, whose key and value join each layer's cache. The tests hold the two to each other's "
             "logits in float64 and float32, and every backend to the NumPy reference's tokens.",
@@ -741,15 +779,18 @@ PAGES: tuple[Page, ...] = (
             "projected by one packed GEMM, and, in inference, a feed-forward network whose activation works in "
             "place on w_1's output (`torch._addmm_activation`, as `nn.TransformerEncoderLayer`'s fast path). NumPy registers a GELU whose erf is a float32 rational approximation computed block by "
             "block, and an inference attention one batch entry at a time with the softmax in place, so that the "
-            "(B, H, T, T) scores never exist at once. JAX registers none: XLA fuses the written-out math, and "
-            "`jax.nn.dot_product_attention` computes its softmax in float32, which would break float64 parity.",
+            "(B, H, T, T) scores never exist at once (from 4096 keys on, the tiled attention, a block of keys at a "
+            "time). JAX registers one, for long sequences only: the tiled attention as one `lax.scan`, since "
+            "under `jax.jit` an unrolled loop over blocks lets XLA hold every block's scores at once; otherwise "
+            "XLA fuses the written-out math, and `jax.nn.dot_product_attention` computes its softmax in float32, "
+            "which would break float64 parity.",
             "Tracing records the written-out path (a fused kernel has no intermediates); `transformer-ref trace` "
             "says so. `shared_tests/components/test_fast_paths.py` holds every kernel equal to the code it replaces.",
         ),
         code=(
             "transformer_spec/kernels.py: use_fused_kernels, fused_kernels_enabled, fused_kernels, fusable_in",
             "kernels.py: KERNELS, fusable, layer_norm, rms_norm, gelu, feed_forward, gated_feed_forward, _packed, "
-            "_projections, attention_context, multi_head_attention, _grouped_attention",
+            "_projections, attention_context, multi_head_attention, _grouped_attention, scanned_attention",
         ),
         tests=("*test_fast_paths.py::*",),
         notes={
@@ -759,12 +800,12 @@ PAGES: tuple[Page, ...] = (
             "_packed": "No kernel needs it here.",
             "_projections": "No kernel needs it here.",
             "attention_context": "No fused attention kernel here.",
-            "multi_head_attention": "No kernel: `jax.nn.dot_product_attention` computes its softmax in "
-            "float32 even for float64 inputs, and gives the mean of v where we define 0.",
             "rms_norm": "No kernel: the written-out RMSNorm runs (torch has `F.rms_norm`).",
             "gated_feed_forward": "No kernel: the written-out gated feed-forward runs.",
             "_grouped_attention": "Not needed: torch's `F.scaled_dot_product_attention` reads each key/value "
-            "head for its group of query heads itself (`enable_gqa`), and JAX has no attention kernel.",
+            "head for its group of query heads itself (`enable_gqa`), and JAX's kernel takes no decoding step.",
+            "scanned_attention": "Not needed: NumPy's loop over blocks runs one block at a time as written "
+            "(`tiled_attention`), and torch's `F.scaled_dot_product_attention` is itself a tiled kernel.",
         },
     ),
     Page(
