@@ -6,8 +6,11 @@ byte-level BPE built from the file's vocabulary and merges, and decodes with a k
 cache: greedy by default, or sampling with ``--temperature``/``--top-k``/``--top-p``/``--seed``.
 ``--chat`` wraps the prompt in the file's chat template (a user turn, then the assistant's).
 
-Prints the text, the prompt and new token counts, and the tokens per second (the prompt's
-prefill and the first step included; JAX's first call also compiles). ``--backend all`` runs
+Prints the text, the prompt and new token counts, and the time apart from the rate: the
+prompt's prefill, the first step, then the tokens per second of the steps after it. JAX
+compiles its prefill and its one-token step on their first calls (a compiled model compiles
+too), so those two times hold the compilation and the rate after them is the steady one;
+NumPy compiles nothing. ``--backend all`` runs
 the three on the same weights and prints them side by side, then the largest difference of
 each backend's logits from NumPy's over the whole generated sequence (one forward pass each).
 JAX's decoding steps are always jit-compiled; ``--compile`` compiles torch's (torch.compile,
@@ -30,6 +33,7 @@ import numpy as np
 
 from transformer_backends import available_backends, get_backend
 from transformer_backends.names import BACKENDS
+from transformer_run.decoding import check_decoding, greedy_decode, sample_decode
 
 from . import errors
 from .compile import add_compile_argument, note
@@ -128,28 +132,71 @@ def run(args: argparse.Namespace) -> int:
         model = backend.impl.build_model(config, params, dtype=args.dtype)
         if args.compile:  # torch: its decoder and output projection through torch.compile
             model = backend.compiled_for_decoding(model)
+        clock = StepClock(backend.impl.make_stepper(model))
         start = time.perf_counter()
-        out = _decode(backend, model, ids, info.eos_id, args, mode)  # (1, 1 + new)
+        out = _decode(clock, model, ids, info.eos_id, args, mode)  # (1, 1 + new)
         seconds = time.perf_counter() - start
         new = [int(t) for t in out[0, 1:]]
         if info.eos_id in new:
             new = new[: new.index(info.eos_id) + 1]
         results[name] = (new, model, backend)
-        print(f"\n[{name}] {len(new)} new tokens in {seconds:.2f} s: {len(new) / seconds:.1f} tokens/s")
+        print(f"\n[{name}] {len(new)} new tokens in {seconds:.2f} s: {clock.summary(_compiles(name, args))}")
         print(tokenizer.decode(new, skip_special_tokens=True))
     if len(results) > 1:
         _compare(results, ids, tokenizer)
     return 0
 
 
-def _decode(backend, model, ids: np.ndarray, eos: int, args: argparse.Namespace, mode: str) -> np.ndarray:
-    """The prompt's last token is fed as ``bos``: the first new token is the prediction after it."""
+class StepClock:
+    """A backend's cached stepper (``transformer_run.decoding.Stepper``), timed: the seconds of its
+    ``start`` (the prompt's prefill) and of each ``step`` (each returns the logits on the host, so
+    the work is done when it returns)."""
+
+    def __init__(self, stepper):
+        self.stepper, self.start_s, self.step_s = stepper, 0.0, []
+
+    def start(self, src_ids, max_new=None):
+        begin = time.perf_counter()
+        state = self.stepper.start(src_ids, max_new)
+        self.start_s = time.perf_counter() - begin
+        return state
+
+    def step(self, state, tokens, position):
+        begin = time.perf_counter()
+        logits, state = self.stepper.step(state, tokens, position)
+        self.step_s.append(time.perf_counter() - begin)
+        return logits, state
+
+    def reorder(self, state, rows):
+        return self.stepper.reorder(state, rows)
+
+    def summary(self, compiles: bool) -> str:
+        """'prefill 0.12 s, first step 3.40 s (compiles), then 38.2 tokens/s over 23 steps': the
+        first calls apart, where a compiler does its work, and the steady rate of the steps after."""
+        label = " (compiles)" if compiles else ""
+        text = f"prefill {self.start_s:.2f} s{label}, first step {self.step_s[0]:.2f} s{label}"
+        later = self.step_s[1:]
+        if not later:
+            return text + ", no later steps"
+        steps = f"{len(later)} step" + ("s" if len(later) > 1 else "")
+        return text + f", then {len(later) / sum(later):.1f} tokens/s over {steps}"
+
+
+def _compiles(name: str, args: argparse.Namespace) -> bool:
+    """Whether this backend compiles on the first calls: JAX's stepper is jitted; a model compiled
+    with ``--compile`` compiles too; NumPy runs as written."""
+    return name == "jax" or bool(getattr(args, "compile", False))
+
+
+def _decode(stepper, model, ids: np.ndarray, eos: int, args: argparse.Namespace, mode: str) -> np.ndarray:
+    """The backend's ``greedy`` or ``sample`` over ``stepper``. The prompt's last token is fed as
+    ``bos``: the first new token is the prediction after it."""
+    src_ids, bos, max_len, pad = ids[:, :-1], ids[:, -1], args.max_new_tokens, model.config.pad_id
+    check_decoding(model.config, src_ids, bos, eos, max_len)
     if mode == "greedy":
-        return backend.impl.greedy(model, ids[:, :-1], ids[:, -1], eos, args.max_new_tokens)
+        return greedy_decode(stepper, src_ids, bos, eos, max_len, pad)
     temperature = 1.0 if args.temperature is None else args.temperature
-    return backend.impl.sample(
-        model, ids[:, :-1], ids[:, -1], eos, args.max_new_tokens, temperature, args.top_k, args.top_p, args.seed
-    )
+    return sample_decode(stepper, src_ids, bos, eos, max_len, temperature, args.top_k, args.top_p, args.seed, pad)
 
 
 def _compare(results: dict, ids: np.ndarray, tokenizer) -> None:

