@@ -37,6 +37,7 @@
 
 # %%
 import math
+import tracemalloc
 
 import jax
 import jax.numpy as jnp
@@ -228,6 +229,58 @@ for name, (loss, grad_v) in gradients.items():
 # was multiplied by zero; with ours they are finite, and equal in the three backends. The
 # order of operations in `masked_softmax` keeps its *own* gradient finite as well: `where`
 # picks a branch (the branch not taken passes back 0), and $e^{-\infty} = 0$ has derivative 0.
+#
+# ## Long sequences: a block of keys at a time
+#
+# The weights are `(B, H, T_q, T_k)`: at 8 heads and 8192 positions that is 2 GiB in float32,
+# and the scores and their exponentials are as large. FlashAttention (Dao et al. 2022) never
+# makes them. It reads the keys and values in blocks and keeps, for each query row, the largest
+# score so far $m$ and the sum $\ell$ of $e^{s_j - m}$ so far. When a block brings a larger
+# score, what was summed so far is multiplied by $e^{m_\text{old} - m_\text{new}} \le 1$, so
+# that every term is relative to the same max; at the end the output divided by $\ell$ is the
+# softmax's average, exactly as above up to rounding. A row with no allowed key keeps
+# $m = -\infty$ and $\ell = 0$, and gives 0, as before. Its own file, the same in every backend:
+
+# %%
+show("tiled_attention.py", "tiled_attention")
+
+# %% [markdown]
+# On the two sentences above, in blocks of 4 keys (a block of 4, then one of 2), against the
+# plain attention's context (NumPy):
+
+# %%
+tiled = each(lambda b: b.call(b.impl.tiled_attention, q, k, v, mask, 4))
+plain = {"plain (numpy)": results["numpy"][0]}
+agreement(plain | {f"tiled, {name}": context for name, (context, _) in tiled.items()}, reference="plain (numpy)")
+
+# %% [markdown]
+# What it saves is memory. `tracemalloc` sees NumPy's arrays: the peak of one attention over
+# 2048 positions, 4 heads, in float32, written out and tiled (blocks of 128 keys):
+
+# %%
+def peak_mib(run):
+    tracemalloc.start()
+    run()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak / 2**20
+
+
+rng = np.random.default_rng(3)
+long_q, long_k, long_v = (rng.standard_normal((1, 4, 2048, 64), dtype=np.float32) for _ in range(3))
+for name, run in {
+    "plain": lambda: numpy_impl.scaled_dot_product_attention(long_q, long_k, long_v),
+    "tiled": lambda: numpy_impl.tiled_attention(long_q, long_k, long_v, None, 128),
+}.items():
+    print(f"{name}: peak {peak_mib(run):6.1f} MiB")
+
+# %% [markdown]
+# The plain attention holds several `(1, 4, 2048, 2048)` arrays at once, 64 MiB each; the tiled
+# one a few `(1, 4, 2048, 128)` blocks. In NumPy it is slower (more, smaller products, and the
+# running output rescaled once per block): the model's attention kernel takes this path only
+# from 4096 keys on, and `python -m bench.tiled` measures both at 8192. NumPy's backward
+# (`tiled_attention_backward`) keeps only the output and each row's $\log \ell + m$, and
+# recomputes a block's weights from them when the gradient is asked for.
 #
 # ## Exercises
 #
