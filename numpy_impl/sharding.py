@@ -583,13 +583,13 @@ class ShardedRun:
 # --------------------------------------------------------------------------- the entry points
 def sharded_loss_and_grads(
     model, batch: Mapping[str, Array], plan: Plan, label_smoothing: float = 0.0
-) -> tuple[float, dict[str, Array], Array]:
-    """-> (the loss, {canonical name: the whole gradient}, the logits) of one sharded step on
-    ``batch`` (the model is not changed)."""
+) -> tuple[float, dict[str, Array]]:
+    """-> (the loss of the global ``batch``, {canonical name: whole gradient}) from one backward
+    over ``plan``'s devices (the model is not changed)."""
     check_plan(model.config, plan, batch_size(model.config, batch))
     run = ShardedRun(model, plan)
-    loss, logits = run.loss_and_grads(batch, label_smoothing)
-    return loss, run.whole("grads"), logits
+    loss, _ = run.loss_and_grads(batch, label_smoothing)
+    return loss, run.whole("grads")
 
 
 def step_collectives(
