@@ -26,6 +26,7 @@ from ..cases import SHARED, TINY, VARIANTS, as_kind, hidden, token_ids, variant_
 from ..helpers import (
     STEP,
     build,
+    central_difference,
     check_finite_differences,
     check_model_against_finite_differences,
     module_arrays,
@@ -342,8 +343,22 @@ def test_tied_table_gets_gradient_from_the_output_projection_too(reference):
 
 def test_shared_table_gradient_matches_finite_differences(reference):
     """The paper's three-way sharing: one table is the source embedding, the target embedding
-    and the output projection; NumPy's backward adds up the gradients of its three uses."""
-    check_model_against_finite_differences(reference, SHARED, training_batch(SHARED), 0.1)
+    and the output projection; NumPy's backward adds up the gradients of its three uses. Besides
+    the model's sampled coordinates, the rows of tokens only the source reads, whose lookup's
+    gradient only the encoder's use brings."""
+    batch = training_batch(SHARED)
+    check_model_against_finite_differences(reference, SHARED, batch, 0.1)
+    model = reference.impl.build_model(SHARED, init_params(SHARED, seed=11, dtype="float64", nonzero_biases=True))
+    _, grads = reference.impl.loss_and_grads(model, batch, 0.1)
+    inputs, targets = split_batch(SHARED, batch)
+    loss = lambda: float(reference.impl.cross_entropy(model(*inputs).logits, targets, SHARED.pad_id, 0.1))  # noqa: E731
+    table, grad = model.tgt_embed.token.weight, grads["tgt_embed.token.weight"]  # (V, d_model) each
+    rows = np.setdiff1d(batch["src_ids"], np.append(batch["tgt_in"], SHARED.pad_id))
+    assert rows.size >= 2
+    picks = [(int(row), column) for row in rows[:3] for column in (0, 7, SHARED.d_model - 1)]
+    numeric = [central_difference(loss, table, index) for index in picks]
+    got = grad[tuple(np.array(picks).T)]
+    assert_matches_finite_differences(got, numeric, float(np.abs(grad).max()), "rows only the source reads")
 
 
 def test_shared_table_gradient_is_the_sum_of_its_three_uses(backend, reference):
