@@ -8,7 +8,7 @@ import numpy as np
 from numpy import ndarray as Array
 
 from transformer_spec import Config
-from transformer_spec.checks import check_no_token_types, check_same_shape
+from transformer_spec.checks import check_no_token_types, check_same_shape, check_table
 from transformer_spec.trace import record
 
 from .checks import token_ids
@@ -43,6 +43,7 @@ class TokenEmbedding(Module):
         self.scale = math.sqrt(d_model) if scale else 1.0  # a Python float: keeps the dtype
 
     def __call__(self, ids: Array, table: Array | None = None) -> Array:
+        check_table(self.weight, table)  # a model that shares it passes the table in
         weight = self.weight if table is None else table  # (vocab, d_model): own, or shared
         self.keep(ids=ids, weight=weight)  # differs: numpy-autograd
         rows = weight[ids]  # (B, T) -> (B, T, d_model)

@@ -10,7 +10,7 @@ from torch import Tensor as Array
 from torch.nn import Module
 
 from transformer_spec import Config
-from transformer_spec.checks import check_no_token_types, check_same_shape
+from transformer_spec.checks import check_no_token_types, check_same_shape, check_table
 from transformer_spec.trace import record
 
 from .checks import token_ids
@@ -44,6 +44,7 @@ class TokenEmbedding(Module):
         self.scale = math.sqrt(d_model) if scale else 1.0  # a Python float: keeps the dtype
 
     def forward(self, ids: Array, table: Array | None = None) -> Array:
+        check_table(self.weight, table)  # a model that shares it passes the table in
         weight = self.weight if table is None else table  # (vocab, d_model): own, or shared
         rows = F.embedding(ids, weight)  # (B, T) -> (B, T, d_model)
         return rows * self.scale  # (B, T, d_model)

@@ -321,6 +321,16 @@ def check_no_token_types() -> None:
     raise ValueError("token_type_ids given, but the config has type_vocab_size=0 (no token-type embedding)")
 
 
+def check_table(own: Any, table: Any) -> None:
+    """A token embedding without a table of its own (the source side of ``share_embeddings``)
+    reads the one its model passes in; called alone, it has none to read."""
+    if own is None and table is None:
+        raise ValueError(
+            "this token embedding has no table of its own: its model shares the target's "
+            "(share_embeddings=True); call the model, or pass table=model.tgt_embed.token.weight"
+        )
+
+
 def check_params_dtype(dtypes: Mapping[str, str]) -> str:
     """All weights share one float dtype (float32 or float64); returns it."""
     found = sorted(set(dtypes.values()))

@@ -91,6 +91,8 @@ def test_shared_embeddings_read_one_table_on_both_sides_and_in_the_output(backen
     changed = dict(params, **{"tgt_embed.token.weight": table + 0.5})
     moved = backend.call(backend.impl.build_model(SHARED, changed), src, tgt).encoder_last_hidden_state
     assert not np.allclose(moved, out.encoder_last_hidden_state), "the encoder must read the shared table"
+    with pytest.raises(ValueError, match="no table of its own: its model shares the target's"):
+        backend.call(model.src_embed, src)  # called alone, the source side has no table to read
 
 
 def test_weights_saved_from_one_backend_load_into_another_with_the_same_outputs(backend, reference, tmp_path):
