@@ -19,6 +19,8 @@ another page needs no change here. The sources, each written by the command that
   (``python -m bench.run --sections smollm2 --out bench/results/smollm2``): the targets table
   of each (``bench.targets``). ``--measure`` does not run the benchmark (half an hour, and it
   wants a quiet machine): run those two commands first.
+* ``bench/results/tiled/latest.json`` (``python -m bench.tiled``): one long attention in NumPy,
+  tiled against plain (the ``tiled`` table).
 
 ``shared_tests/repository/test_readme_numbers.py`` fails when a block of any of those files differs from
 what these sources give, and when ``docs/compare.txt`` differs from a fresh ``compare`` run
@@ -46,6 +48,7 @@ COMPARE = os.path.join(ROOT, "docs", "compare.txt")
 BENCH = [os.path.join(ROOT, "bench", "results", "latest.json"),
          os.path.join(ROOT, "bench", "results", "smollm2", "latest.json")]  # fmt: skip
 TRAINING = os.path.join(ROOT, "bench", "results", "training", "latest.json")  # python -m bench.lm_training
+TILED = os.path.join(ROOT, "bench", "results", "tiled", "latest.json")  # python -m bench.tiled
 
 # The tests behind docs/parity.json: every component, model, gradient, decoding and training check.
 SUITE_TESTS = ["shared_tests/components/test_components.py", "shared_tests/models/test_models.py",
@@ -182,6 +185,12 @@ def bf16(results: dict[str, Any]) -> str:
     return bf16_markdown(results) + f"\n\nGenerated from `{_source(TRAINING)}` ({results['date']})."
 
 
+def tiled(results: dict[str, Any]) -> str:
+    from bench.tiled import markdown
+
+    return markdown(results)
+
+
 def policies() -> str:
     from transformer_run.mixed_precision import OPS
 
@@ -210,7 +219,7 @@ def blocks() -> dict[str, Callable[[], str | None]]:
     parity, oracle = load(PARITY), load(ORACLES)
     bench = [(path, r) for path in BENCH if (r := load(path)) is not None]
     compare_text = open(COMPARE, encoding="utf-8").read() if os.path.exists(COMPARE) else None
-    trained = load(TRAINING)
+    trained, tiled_runs = load(TRAINING), load(TILED)
     return {
         "agreement": lambda: parity and agreement(parity),
         "gradients": lambda: parity and gradients(parity),
@@ -221,6 +230,7 @@ def blocks() -> dict[str, Callable[[], str | None]]:
         "parameters": parameters,
         "training": lambda: trained and training(trained),
         "precision": lambda: trained and "bf16" in trained and bf16(trained),
+        "tiled": lambda: tiled_runs and tiled(tiled_runs),
     }
 
 
