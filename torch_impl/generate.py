@@ -52,6 +52,7 @@ from transformer_spec.checks import inputs_checked
 
 from .attention import KeyValueCache, append_to_cache
 from .decoder import LayerCache
+from .kernels import decoding_layout
 from .masks import make_cross_attention_mask
 
 
@@ -151,6 +152,7 @@ class CachedStepper:
 
     def __init__(self, model: Any):
         self.model = model
+        decoding_layout(model)  # speed: weights laid out for one-row products (kernels.py)
 
     @torch.no_grad()
     def start(self, src_ids: np.ndarray, max_new: int | None = None) -> DecodingState:

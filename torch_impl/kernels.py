@@ -26,6 +26,15 @@ torch's kernels:
   (``enable_gqa``). Not when the weights are wanted or dropped out.
   A decoding step (with a key/value cache) takes the same kernel.
 
+And one for decoding, applied by the cached stepper (``generate.CachedStepper``) rather than
+in place of a forward:
+
+* ``decoding_layout``: every Linear weight (and a tied output projection's table) stored
+  column by column, the same [out, in] values in [in, out] memory, so that ``F.linear``'s
+  one-row product reads the matrix as rows: at batch 1 a decoding step is one such product
+  per weight and reads every weight once, and this CPU's BLAS reads the transposed layout
+  ~1.3x faster (measured by ``bench``'s SmolLM2 section against the memory-read rate).
+
 A query row with no allowed key is 0 on every path: the attention kernel lets such a row
 attend to every key inside the kernel (finite, also in the backward pass) and zeroes it
 after.
@@ -47,7 +56,14 @@ from transformer_spec.kernels import (
 
 from .checks import check_mask
 
-__all__ = ["KERNELS", "fusable", "fused_kernels", "fused_kernels_enabled", "use_fused_kernels"]
+__all__ = [
+    "KERNELS",
+    "decoding_layout",
+    "fusable",
+    "fused_kernels",
+    "fused_kernels_enabled",
+    "use_fused_kernels",
+]
 
 KERNELS: dict[str, Callable] = {}  # name -> kernel, filled below
 fusable = fusable_in(KERNELS)  # the decorator of the marked lines: @fusable("gelu")
@@ -196,3 +212,20 @@ def multi_head_attention(
 
 KERNELS["multi_head_attention"] = multi_head_attention
 
+
+# ------------------------------------------------------------------------ decoding_layout
+def decoding_layout(model: torch.nn.Module) -> None:
+    """Stores ``model``'s matrices as a one-row product reads them fastest, in place: each Linear
+    weight [out, in], and the token table a tied output projection reads as its transpose,
+    becomes the transpose of a contiguous [in, out] array (``weight.t().contiguous().t()``). The
+    values, shapes and names stay; only the strides change (``state_dict`` keeps working, and
+    training after it too). Nothing when fused kernels are off, or already laid out so."""
+    if not fused_kernels_enabled():
+        return
+    matrices = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if getattr(model.config, "tie_output", False):
+        matrices.append(model.tgt_embed.token.weight)  # (V, d_model), read as x @ table.T
+    with torch.inference_mode(False), torch.no_grad():  # ordinary tensors: trainable afterwards
+        for weight in matrices:
+            if weight.dim() == 2 and weight.stride() != (1, weight.shape[0]):
+                weight.data = weight.data.t().contiguous().t()  # (out, in), strides (1, out)

@@ -506,3 +506,28 @@ def test_compare_runs_the_fused_and_the_written_out_path_side_by_side(capsys):
     assert main(["compare", "--backends", "numpy", "--dtype", "float64", "--repeat", "1", "--kernels", "both"]) == 0
     out = capsys.readouterr().out
     assert "numpy float64 fused " in out and "numpy float64 written-out " in out
+
+
+# ------------------------------------------------- torch's weights laid out for decoding
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_torch_decoding_layout_changes_only_strides_and_only_with_fused_kernels(fused):
+    torch = pytest.importorskip("torch")
+    from transformer_backends import get_backend
+
+    impl = get_backend("torch").impl
+    config = as_kind(TINY.replace(tie_output=True), "decoder_only")
+    model = impl.build_model(config, init_params(config, seed=0), dtype="float64")
+    (ids,) = model_inputs(config, (2, 7, 0, True))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    logits = model(ids).logits.detach()
+    with impl.kernels.fused_kernels(fused):
+        impl.kernels.decoding_layout(model)
+    tied = model.tgt_embed.token.weight
+    matrices = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)] + [tied]
+    for weight in matrices:  # (out, in) stored column by column with fused kernels; untouched without
+        assert weight.stride() == ((1, weight.shape[0]) if fused else (weight.shape[1], 1))
+    for name, p in model.named_parameters():
+        assert p.shape == before[name].shape and bool((p == before[name]).all()), name
+    assert_close(model(ids).logits.detach().numpy(), logits.numpy(), "float64", "logits after decoding_layout")
