@@ -224,14 +224,17 @@ def beam(
     max_len: int,
     beam_size: int = 4,
     length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
     cached: bool = True,
 ) -> BeamResult:
     """Beam search (``transformer_run.decoding.beam_search``) -> the best hypothesis per row and
-    its score."""
+    its score. ``early_stopping``: when a row stops, by Hugging Face's rules (``True``,
+    ``False`` or ``"never"``; see ``beam_search``)."""
     check_decoding(model.config, src_ids, bos, eos, max_len)  # up front, not at the step that fails
     stepper = make_stepper(model, cached)
     return beam_search(
-        stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id
+        stepper, src_ids, bos, eos, max_len, beam_size, length_penalty, model.config.pad_id,
+        early_stopping,
     )
 
 

@@ -73,12 +73,15 @@ def check_steps(max_len: Any, eos: Any) -> None:
         raise ValueError(f"eos must be an integer id, or None to never stop early, got {eos!r}")
 
 
-def check_beam(beam_size: Any, length_penalty: Any) -> None:
+def check_beam(beam_size: Any, length_penalty: Any, early_stopping: Any = False) -> None:
     if not _is_integer(beam_size) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     number = isinstance(length_penalty, (int, float, np.integer, np.floating)) and not isinstance(length_penalty, bool)
     if not number or not math.isfinite(length_penalty):
         raise ValueError(f"length_penalty must be a finite number (0: no length normalisation), got {length_penalty!r}")
+    never = isinstance(early_stopping, str) and early_stopping == "never"
+    if not (isinstance(early_stopping, (bool, np.bool_)) or never):
+        raise ValueError(f"early_stopping must be True, False or 'never' (as Hugging Face's), got {early_stopping!r}")
 
 
 def check_decoding(config: Any, src_ids: Any, bos: Any, eos: Any, max_len: Any) -> None:
@@ -147,15 +150,30 @@ def beam_search(
     beam_size: int = 4,
     length_penalty: float = 1.0,
     pad: int = 0,
+    early_stopping: bool | str = False,
 ) -> BeamResult:
-    """Keep the ``beam_size`` best partial hypotheses per source; a hypothesis that emits
-    <eos> is finished. A source is done once it has ``beam_size`` finished hypotheses (Hugging
-    Face's ``early_stopping=True``): from then on it collects none, so its answer does not depend
-    on the other sources of its batch. Stop when every source is done, or at ``max_len``. The
-    answer is the finished (or, if none finished, running) hypothesis with the best
-    log-probability / (generated length ** length_penalty)."""
+    """Keep the ``beam_size`` best partial hypotheses per source. A hypothesis that emits <eos>
+    while among the ``beam_size`` best candidates of its step is finished, and so is each of the
+    ``beam_size`` best at the last step (``max_len``), as in Hugging Face's ``generate``. Each
+    source keeps its ``beam_size`` best finished hypotheses, scored log-probability /
+    (generated length ** length_penalty), and is done by ``early_stopping``, Hugging Face's
+    three rules:
+
+    * ``True``: once it has ``beam_size`` finished hypotheses;
+    * ``False`` (the default, as Hugging Face's): once it has them and its best running
+      hypothesis, scored at its current length, does not beat the worst of them. A heuristic:
+      with length_penalty > 0 a longer hypothesis could still have beaten it;
+    * ``"never"``: the same, but the running hypothesis is scored at ``max_len`` when
+      length_penalty > 0 (log-probabilities only fall as tokens are added, so no continuation
+      scores more): the canonical rule, stopping only when nothing can improve.
+
+    A done source collects no more while the others of its batch run on, so its answer does not
+    depend on them. The search ends when every source is done, or at ``max_len``; the answer is
+    the best finished hypothesis. The length counts the generated tokens (<eos> included; not
+    <bos>, nor a decoder-only model's prompt), as Hugging Face's length penalty counts the
+    tokens after the decoder's input (its start token, or the prompt and ``bos``)."""
     check_steps(max_len, eos)
-    check_beam(beam_size, length_penalty)
+    check_beam(beam_size, length_penalty, early_stopping)
     src_ids = host_ids(src_ids)  # (B, T_src)
     batch, k = src_ids.shape[0], beam_size
     first = first_tokens(bos, batch)  # (B, 1)
@@ -163,24 +181,25 @@ def beam_search(
     tokens = np.repeat(first[:, None, :], k, axis=1)  # (B, k, 1)
     scores = np.full((batch, k), -np.inf)
     scores[:, 0] = 0.0  # all beams start identical: only the first may expand, or k copies would survive
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]  # per source: its k best, best first
+    done = np.zeros(batch, bool)  # (B,): sources that collect no more, as if decoded alone
     for position in range(max_len):
         logits, state = stepper.step(state, tokens[:, :, -1].reshape(-1), position)  # (B * k, V)
         vocab = logits.shape[-1]
         candidates = scores[:, :, None] + log_softmax(logits.astype(np.float64)).reshape(batch, k, vocab)
         flat = candidates.reshape(batch, k * vocab)  # (B, k * V)
         best = np.argsort(-flat, axis=-1, kind="stable")[:, : 2 * k]  # 2k: room for k that do not end now
+        last = position == max_len - 1  # at max_len every hypothesis ends
         new_tokens, new_scores, new_rows = [], [], []
         for b in range(batch):
             keep_tokens, keep_scores, keep_rows = [], [], []
-            done = len(finished[b]) >= k  # this source collects no more, as if decoded alone: dead beams
-            for rank, index in enumerate(() if done else best[b]):
+            for rank, index in enumerate(() if done[b] else best[b]):  # a done source: dead beams
                 beam, token = divmod(int(index), vocab)
                 score = float(flat[b, index])
                 if not np.isfinite(score):
                     continue
                 hypothesis = tokens[b, beam].tolist() + [token]
-                if token == eos:
+                if token == eos or last:
                     if rank < k:  # an ending only counts if it is among the k best candidates now
                         finished[b].append((score / _length(hypothesis) ** length_penalty, hypothesis))
                 elif len(keep_rows) < k:
@@ -191,17 +210,22 @@ def beam_search(
                 keep_tokens.append(tokens[b, 0].tolist() + [pad])
                 keep_scores.append(-np.inf)
                 keep_rows.append(b * k)
+            finished[b] = sorted(finished[b], key=lambda item: -item[0])[:k]  # only the k best count
             new_tokens.append(keep_tokens)
             new_scores.append(keep_scores)
             new_rows.extend(keep_rows)
         tokens = np.array(new_tokens, np.int64)  # (B, k, position + 2)
-        scores = np.array(new_scores)
+        scores = np.array(new_scores)  # (B, k), best first
         state = stepper.reorder(state, np.array(new_rows))
-        if all(len(f) >= k for f in finished):  # every source has k finished hypotheses (HF's early_stopping)
+        for b in range(batch):
+            done[b] = done[b] or _source_is_done(
+                finished[b], scores[b, 0], position + 1, max_len, k, length_penalty, early_stopping
+            )
+        if done.all():
             break
     results = []
     for b in range(batch):
-        pool = finished[b] or [
+        pool = finished[b] or [  # only if no candidate was ever finite
             (scores[b, i] / _length(tokens[b, i].tolist()) ** length_penalty, tokens[b, i].tolist()) for i in range(k)
         ]
         results.append(max(pool, key=lambda item: item[0]))
@@ -210,6 +234,26 @@ def beam_search(
     for b, (_, hypothesis) in enumerate(results):
         ids[b, : len(hypothesis)] = hypothesis
     return BeamResult(ids=ids, scores=np.array([s for s, _ in results]))
+
+
+def _source_is_done(
+    finished: list[tuple[float, list[int]]],
+    best_running: float,
+    generated: int,
+    max_len: int,
+    beam_size: int,
+    length_penalty: float,
+    early_stopping: bool | str,
+) -> bool:
+    """Hugging Face's stopping rules for one source (``beam_search``): ``finished`` its best
+    finished hypotheses (best first), ``best_running`` the total log-probability of its best
+    running one, ``generated`` tokens long."""
+    if len(finished) < beam_size:
+        return False
+    if early_stopping is True or early_stopping is np.True_:
+        return True
+    length = max_len if early_stopping == "never" and length_penalty > 0 else generated
+    return best_running / length**length_penalty <= finished[-1][0]
 
 
 def _length(hypothesis: list[int]) -> int:

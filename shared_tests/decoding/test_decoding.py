@@ -105,6 +105,33 @@ def test_beam_search_with_one_beam_is_greedy_search(backend, kind):
         assert beam[row, : len(expected)].tolist() == expected
 
 
+EOS_SCALE = {"encoder_decoder": 2.0, "decoder_only": 8.0}  # eos's output column, scaled: rows end at various steps
+
+
+@pytest.mark.parametrize("early_stopping", [True, False, "never"], ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_row_gets_the_beam_it_would_get_decoded_alone(backend, kind, early_stopping):
+    """For each of Hugging Face's stopping rules, a row's hypothesis and score do not depend on the
+    other rows of its batch. The eos column of the output projection is scaled so that the eos
+    logit swings with the hidden state: rows end at different steps, or never."""
+    config = as_kind(VARIANTS["pre-gelu-learned"], kind)
+    params = init_params(config, seed=5, dtype="float64", nonzero_biases=True)
+    weight = params["generator.proj.weight"].copy()  # (d_model, V)
+    weight[:, EOS] *= EOS_SCALE[kind]
+    model = backend.impl.build_model(config, params | {"generator.proj.weight": weight})
+    vocab = config.src_vocab_size if kind == "encoder_decoder" else config.tgt_vocab_size
+    src = token_ids(vocab, 6, 5, pad=False, pad_id=config.pad_id, seed=2)
+    steps = 8
+    batched = backend.impl.beam(model, src, BOS, EOS, steps, BEAM, 2.0, early_stopping)
+    ends = {len(up_to_eos(row)) if EOS in row else None for row in batched.ids.tolist()}
+    assert len(ends) >= 2, f"every row ended alike ({ends}): nothing tells the rows apart"
+    for row in range(len(src)):
+        alone = backend.impl.beam(model, src[row : row + 1], BOS, EOS, steps, BEAM, 2.0, early_stopping)
+        hypothesis = alone.ids[0].tolist()
+        assert batched.ids[row, : len(hypothesis)].tolist() == hypothesis, f"row {row}"
+        assert abs(batched.scores[row] - alone.scores[0]) <= SCORE_TOLERANCE * abs(alone.scores[0])
+
+
 def test_a_language_model_decodes_from_bos_after_an_empty_prompt(backend):
     """Prompt of length 0: the model reads <bos>, then its own tokens; each one is the argmax of
     the model's ordinary forward pass over the sequence before it."""

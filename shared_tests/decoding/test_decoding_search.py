@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -38,18 +39,26 @@ def sequence_log_prob(stepper, source: int, hypothesis: list[int]) -> float:
 
 
 def brute_force_best(stepper, source: int, max_len: int, length_penalty: float) -> tuple[float, list[int]]:
+    """The best of every hypothesis a search can finish: ended by <eos> within max_len tokens, or
+    max_len tokens without it (at max_len every hypothesis ends, as in Hugging Face's search)."""
     best = (-np.inf, [])
     for length in range(1, max_len + 1):
+        endings = [EOS, *range(3, VOCAB)] if length == max_len else [EOS]
         for body in itertools.product(range(3, VOCAB), repeat=length - 1):
-            hypothesis = [BOS, *body, EOS]
-            score = sequence_log_prob(stepper, source, hypothesis) / length**length_penalty
-            best = max(best, (score, hypothesis), key=lambda item: item[0])
+            for ending in endings:
+                hypothesis = [BOS, *body, ending]
+                score = sequence_log_prob(stepper, source, hypothesis) / length**length_penalty
+                best = max(best, (score, hypothesis), key=lambda item: item[0])
     return best
 
 
 def test_a_wide_beam_finds_the_most_probable_finished_sequence():
+    """early_stopping="never" stops only when no running hypothesis can improve: with a beam
+    wide enough to hold every prefix, the search is exact."""
     stepper, src = MarkovStepper(), np.array([[0], [1], [2]])
-    result = beam_search(stepper, src, BOS, EOS, max_len=4, beam_size=(VOCAB - 3) ** 3 + 1, length_penalty=1.0)
+    result = beam_search(
+        stepper, src, BOS, EOS, max_len=4, beam_size=(VOCAB - 3) ** 3 + 1, length_penalty=1.0, early_stopping="never"
+    )
     for row in range(3):
         score, hypothesis = brute_force_best(stepper, row, 4, 1.0)
         assert result.ids[row, : len(hypothesis)].tolist() == hypothesis
@@ -92,19 +101,67 @@ def test_beam_search_with_no_finished_hypothesis_returns_the_best_running_one_le
 
 
 # ------------------------------------------------------------------ beam search, row by row
+EARLY_STOPPING = [True, False, "never"]
+
+
+def eos_early_or_late(seed: int, kind: type = MarkovStepper) -> MarkovStepper:
+    stepper = kind(seed=seed)
+    stepper.table[..., EOS] += np.random.default_rng(100 + seed).uniform(-1.0, 3.0, (3, 1, 8))  # eos early or late
+    return stepper
+
+
+@pytest.mark.parametrize("early_stopping", EARLY_STOPPING)
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("beam_size", [2, 3])
-def test_a_sources_beams_do_not_depend_on_the_rest_of_its_batch(seed, beam_size):
+def test_a_sources_beams_do_not_depend_on_the_rest_of_its_batch(seed, beam_size, early_stopping):
     """Decoded alone or beside sources that run longer, a source gets the same hypothesis and
-    score: once it has beam_size finished hypotheses it collects no more (Hugging Face's
-    early_stopping=True), whatever the other rows still do."""
-    stepper = MarkovStepper(seed=seed)
-    stepper.table[..., EOS] += np.random.default_rng(100 + seed).uniform(-1.0, 3.0, (3, 1, 8))  # eos early or late
+    score: once its stopping rule says it is done it collects no more, whatever the other rows
+    still do."""
+    stepper = eos_early_or_late(seed)
     src = np.array([[0], [1], [2]])
-    batched = beam_search(stepper, src, BOS, EOS, max_len=7, beam_size=beam_size, length_penalty=1.0)
+    search = functools.partial(
+        beam_search, stepper, bos=BOS, eos=EOS, max_len=7, beam_size=beam_size, length_penalty=1.0,
+        early_stopping=early_stopping,
+    )  # fmt: skip
+    batched = search(src)
     for row in range(3):
-        alone = beam_search(stepper, src[row : row + 1], BOS, EOS, max_len=7, beam_size=beam_size, length_penalty=1.0)
+        alone = search(src[row : row + 1])
         hypothesis = alone.ids[0].tolist()
         assert batched.ids[row, : len(hypothesis)].tolist() == hypothesis
         assert (batched.ids[row, len(hypothesis) :] == 0).all()
         assert batched.scores[row] == alone.scores[0]
+
+
+class CountingStepper(MarkovStepper):
+    """A Markov stepper that counts the steps a search asks for."""
+
+    def start(self, src_ids, max_new=None):
+        self.steps = 0
+        return super().start(src_ids, max_new)
+
+    def step(self, state, tokens, position):
+        self.steps += 1
+        return super().step(state, tokens, position)
+
+
+def test_each_stopping_rule_searches_at_least_as_long_and_scores_at_least_as_well_as_the_one_before():
+    """The running beams do not depend on the rule, and each source's finished pool only improves
+    as the search goes on, so the later a source stops the better its answer: True stops once it
+    has beam_size finished hypotheses, False once, besides, its best running hypothesis at its
+    current length cannot beat them, "never" once it cannot even at max_len. Per source, alone,
+    for three length penalties: steps and scores ordered True <= False <= "never", and each rule
+    differs from the next somewhere."""
+    differs = {"steps": [False, False], "scores": [False, False]}
+    for length_penalty, seed in itertools.product([0.6, 1.0, 2.0], range(8)):
+        stepper = eos_early_or_late(seed, CountingStepper)
+        for source in range(3):
+            steps, scores = [], []
+            for rule in EARLY_STOPPING:
+                result = beam_search(stepper, np.array([[source]]), BOS, EOS, 7, 2, length_penalty, early_stopping=rule)
+                steps.append(stepper.steps)
+                scores.append(float(result.scores[0]))
+            assert steps == sorted(steps) and scores == sorted(scores), (length_penalty, seed, source, steps, scores)
+            for i in range(2):
+                differs["steps"][i] |= steps[i] < steps[i + 1]
+                differs["scores"][i] |= scores[i] < scores[i + 1]
+    assert differs == {"steps": [True, True], "scores": [True, True]}, differs

@@ -411,6 +411,13 @@ DECODING_CASES = {
     "length-penalty-nan": (lambda b: _beam(b, length_penalty=float("nan")), ValueError, ["finite", "nan"]),
     "length-penalty-inf": (lambda b: _beam(b, length_penalty=float("inf")), ValueError, ["finite", "inf"]),
     "length-penalty-str": (lambda b: _beam(b, length_penalty="1"), ValueError, ["length_penalty", "'1'"]),
+    "early-stopping-str": (
+        lambda b: _beam(b, early_stopping="always"),
+        ValueError,
+        ["early_stopping must be True, False or 'never'", "'always'"],
+    ),
+    "early-stopping-int": (lambda b: _beam(b, early_stopping=1), ValueError, ["early_stopping", "got 1"]),
+    "early-stopping-none": (lambda b: _beam(b, early_stopping=None), ValueError, ["early_stopping", "got None"]),
     "max-len-0": (lambda b: _greedy(b, max_len=0), ValueError, ["max_len", "positive integer", "0"]),
     "max-len-negative": (lambda b: _beam(b, max_len=-1), ValueError, ["max_len", "-1"]),
     "max-len-float": (lambda b: _sample(b, max_len=2.0), ValueError, ["max_len", "2.0"]),

@@ -305,6 +305,118 @@ def test_marian_greedy_and_beam_equal_transformers_generate(backend, transformer
             assert ours == hf_row, f"beams={beams} row {row}: ours {ours}, transformers {hf_row}"
 
 
+# ------------------------------------------------------------------------------ beam search's stopping rules
+EARLY_STOPPING = [True, False, "never"]
+BEAM_SETTINGS = ((0.6, 3), (1.0, 2), (2.0, 2), (2.0, 3))  # (length_penalty, beam_size)
+NEW_TOKENS = 10
+
+
+@functools.cache
+def eos_reachable(family: str):
+    """A float64 Hugging Face model whose <eos> some rows emit at once, some late, some never
+    within NEW_TOKENS, our float64 config and weights converted from it, and the inputs:
+    ``(reference, config, params, hf_inputs, src_ids, bos, eos)``. The eos row of the output
+    projection is scaled, so the eos logit swings with the hidden state from row to row and step
+    to step. Marian (untied head) never emits its pad token, which is its decoder's start (HF's
+    generation bans it; ours hides a fed pad from later queries); the Llama model reads its pad
+    id as eos, which a running hypothesis never holds, for the same reason. Six rows each; the
+    Llama prompts are of equal length (HF pads prompts on the left, we on the right)."""
+    import torch
+
+    variant = {"marian": "d36-unshared-untied-relu", "llama": "gqa-untied-biases"}[family]
+    reference = hf_in(hf_model(family, variant), "float64")
+    hf_config = reference.config.to_dict()
+    eos = hf_config["eos_token_id"]
+    with torch.no_grad():
+        reference.lm_head.weight[eos] *= {"marian": 5.0, "llama": 12.0}[family]
+    if family == "marian":
+        with torch.no_grad():
+            reference.final_logits_bias[..., PAD] = -1e4
+            reference.final_logits_bias[..., eos] -= 0.5
+        config = marian_config(hf_config)
+        params = params_from_marian(hf_state(reference), config, shared_embeddings=False)
+        src = padded_ids(config.src_vocab_size, seed=3, lengths=(11, 7, 4, 9, 6, 10))
+        hf_inputs = {"input_ids": src, "attention_mask": (src != PAD).astype(np.int64), "forced_eos_token_id": None}
+        return reference, config, params, hf_inputs, src, hf_config["decoder_start_token_id"], eos
+    config = llama_config(hf_config | {"pad_token_id": eos})
+    params = params_from_llama(hf_state(reference), config)
+    prompts = np.random.default_rng(7).integers(3, config.tgt_vocab_size, (6, 5))  # never pad (= eos) nor bos
+    hf_inputs = {"input_ids": prompts, "attention_mask": np.ones_like(prompts), "pad_token_id": eos}
+    return reference, config, params, hf_inputs, prompts[:, :-1], prompts[:, -1], eos  # the last is our bos
+
+
+@functools.cache
+def hf_generated(family: str, num_beams: int, length_penalty: float, early_stopping) -> tuple[tuple[int, ...], ...]:
+    """generate's new tokens per row, up to and with <eos> (HF pads after it)."""
+    import torch
+
+    reference, _, _, hf_inputs, _, _, eos = eos_reachable(family)
+    inputs = {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+              for name, value in hf_inputs.items()}  # fmt: skip
+    beam_arguments = {"length_penalty": length_penalty, "early_stopping": early_stopping} if num_beams > 1 else {}
+    with torch.no_grad():
+        out = reference.generate(**inputs, max_new_tokens=NEW_TOKENS, num_beams=num_beams, do_sample=False,
+                                 **beam_arguments).numpy()  # fmt: skip
+    start = 1 if family == "marian" else hf_inputs["input_ids"].shape[1]  # after the start token, or the prompt
+    rows = [[int(t) for t in row[start:]] for row in out]
+    return tuple(tuple(row[: row.index(eos) + 1] if eos in row else row) for row in rows)
+
+
+def ours_up_to(ids: np.ndarray, want: tuple[int, ...]) -> tuple[int, ...]:
+    """Our row (from bos) as generate's: the new tokens, as many as HF's."""
+    return tuple(int(t) for t in ids[1 : 1 + len(want)])
+
+
+@pytest.mark.parametrize("family", ["marian", "llama"])
+def test_the_stopping_rule_models_end_early_late_and_never_and_the_rules_differ(transformers, family):
+    """So that the comparisons below cannot pass on outputs that never emit <eos>, or on settings
+    where the three rules agree: HF's own outputs end at several lengths (1 token, later, never),
+    and each rule gives another answer than the next on some row."""
+    *_, eos = eos_reachable(family)
+    lengths = set()
+    differs = [False, False]
+    for length_penalty, beams in BEAM_SETTINGS:
+        outputs = [hf_generated(family, beams, length_penalty, rule) for rule in EARLY_STOPPING]
+        lengths |= {len(row) if row[-1] == eos else None for rows in outputs for row in rows}
+        differs = [differs[0] or outputs[0] != outputs[1], differs[1] or outputs[1] != outputs[2]]
+    assert None in lengths and 1 in lengths and len(lengths - {None, 1}) >= 2, lengths
+    assert differs == [True, True], "the rules gave the same outputs: the comparisons could not tell them apart"
+
+
+@pytest.mark.parametrize("early_stopping", EARLY_STOPPING, ids=str)
+@pytest.mark.parametrize("family", ["marian", "llama"])
+def test_beam_search_equals_transformers_generate_for_each_early_stopping(backend, transformers, family,
+                                                                          early_stopping):  # fmt: skip
+    """The same tokens as generate(num_beams=k, early_stopping=..., length_penalty=...) for
+    several length penalties and beam sizes; and each row decoded alone, without the others of
+    its batch, gives the same hypothesis and score."""
+    _, config, params, _, src, bos, eos = eos_reachable(family)
+    model = backend.impl.build_model(config, params)
+    for length_penalty, beams in BEAM_SETTINGS:
+        want = hf_generated(family, beams, length_penalty, early_stopping)
+        got = backend.impl.beam(model, src, bos, eos, NEW_TOKENS, beams, length_penalty, early_stopping)
+        for row, hf_row in enumerate(want):
+            ours = ours_up_to(got.ids[row], hf_row)
+            assert ours == hf_row, f"k={beams} length_penalty={length_penalty} row {row}: ours {ours}, HF {hf_row}"
+    for row in range(len(src)):  # the last setting, whose rules differ most
+        first = bos if np.ndim(bos) == 0 else bos[row : row + 1]
+        alone = backend.impl.beam(model, src[row : row + 1], first, eos, NEW_TOKENS, beams, length_penalty,
+                                  early_stopping)  # fmt: skip
+        hypothesis = alone.ids[0].tolist()
+        assert got.ids[row, : len(hypothesis)].tolist() == hypothesis, f"row {row}: batched and alone differ"
+        assert abs(got.scores[row] - alone.scores[0]) <= 1e-12 * abs(alone.scores[0])
+
+
+@pytest.mark.parametrize("family", ["marian", "llama"])
+def test_greedy_search_equals_transformers_generate_when_eos_is_reached(backend, transformers, family):
+    _, config, params, _, src, bos, eos = eos_reachable(family)
+    got = backend.impl.greedy(backend.impl.build_model(config, params), src, bos, eos, NEW_TOKENS)
+    want = hf_generated(family, 1, 1.0, False)
+    assert any(row[-1] == eos for row in want), "no row reached <eos>: the comparison would not test it"
+    for row, hf_row in enumerate(want):
+        assert ours_up_to(got[row], hf_row) == hf_row, f"row {row}: ours {got[row].tolist()}, HF {hf_row}"
+
+
 def test_hf_llama_float64_has_float32_islands(transformers):
     """Why ``float64_everywhere`` exists: HF's float64 Llama as it ships is float32-accurate only."""
     model = hf_model("llama", "gqa-untied-biases")
