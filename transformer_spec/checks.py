@@ -302,6 +302,12 @@ def check_params(params: Mapping[str, Sequence[int]], schema: Schema, what: str 
         problems.append(f"missing keys {missing}")
     if unexpected:
         problems.append(f"unexpected keys {unexpected}")
+        shared = [k for k in unexpected if k.endswith("src_embed.token.weight")]
+        if [k for k in shared if k.replace("src_embed", "tgt_embed") in schema]:
+            problems[-1] += (
+                " (share_embeddings=True: the source reads the target's table, tgt_embed.token.weight; "
+                "two tables need share_embeddings=False)"
+            )
     if misshaped:
         problems.append("wrong shapes [" + "; ".join(misshaped) + "]")
     if problems:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from transformer_spec import Config, init_params, load_params, param_schema, save_params
+from transformer_spec import Config, WeightsError, init_params, load_params, param_schema, save_params
 
 from ..cases import DTYPES, SHARED, VARIANTS, as_kind, model_inputs
 from ..tolerances import assert_close
@@ -91,6 +91,10 @@ def test_shared_embeddings_read_one_table_on_both_sides_and_in_the_output(backen
     changed = dict(params, **{"tgt_embed.token.weight": table + 0.5})
     moved = backend.call(backend.impl.build_model(SHARED, changed), src, tgt).encoder_last_hidden_state
     assert not np.allclose(moved, out.encoder_last_hidden_state), "the encoder must read the shared table"
+    two_tables = dict(params, **{"src_embed.token.weight": table})
+    with pytest.raises(WeightsError, match=r"unexpected keys \['src_embed.token.weight'\] \(share_embeddings=True: "
+                       r"the source reads the target's table, tgt_embed.token.weight"):  # fmt: skip
+        backend.impl.build_model(SHARED, two_tables)
     with pytest.raises(ValueError, match="no table of its own: its model shares the target's"):
         backend.call(model.src_embed, src)  # called alone, the source side has no table to read
 
