@@ -152,7 +152,7 @@ class CachedStepper:
 
     def __init__(self, model: Any):
         self.model = model
-        decoding_layout(model)  # speed: weights laid out for one-row products (kernels.py)
+        decoding_layout(model)  # differs: torch-decoding-layout
 
     @torch.no_grad()
     def start(self, src_ids: np.ndarray, max_new: int | None = None) -> DecodingState:

@@ -86,6 +86,10 @@ REASONS: dict[str, str] = {
     "builds the code); compiled_step=True does the same for a training step's forward, loss and backward. "
     "Inside a compiled graph a tensor's value cannot decide a branch without cutting the graph in two, so the "
     "attention kernel skips its host-side shortcuts there.",
+    "torch-decoding-layout": "torch's cached stepper lays the model's matrices out for one-row products once "
+    "(kernels.decoding_layout: the same [out, in] values stored column by column), since the BLAS torch ships "
+    "reads a decoding step's matrix-vector products faster so; NumPy's Linear already stores [in, out], and "
+    "XLA chooses JAX's layouts itself.",
     "torch-device": "torch allocates on a device: a tensor made from nothing (torch.ones, torch.arange, "
     "torch.zeros) is told where, usually the device of an input, or it lands on the CPU next to a GPU "
     "model. NumPy has one device, and JAX puts new arrays on its default device.",
