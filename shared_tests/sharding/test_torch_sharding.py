@@ -1,0 +1,328 @@
+"""torch's sharded step is the single-device step: FSDP (``fully_shard``), tensor parallel
+(``parallelize_module``), FSDP x tensor parallel and data parallel x tensor parallel, over gloo
+processes, on the Llama-style decoder and the paper's encoder-decoder, give one device's loss and
+gradients (float64 and float32) and 20 float64 Adam steps its weights; each step runs, by kind, the
+collectives NumPy's written-out step names (tensor parallel's backward with the extra all-reduces
+``parallelize_module`` makes, counted and explained below); FSDP over 4 processes holds under 0.3
+of one device's weights, gradients and Adam moments; a sharded run's checkpoint (whole tensors,
+canonical names) loads into every backend with one device's weights and moments.
+
+Two groups of processes, started once and run side by side (``python -m
+shared_tests.sharding.test_torch_sharding``, one process per rank meeting through a file, as
+torchrun's would): 2 ranks for FSDP and tensor parallel alone, 4 for the 2-D meshes and FSDP over 4.
+Each writes what it measured to an .npz for the tests to hold to one device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from transformer_backends.tolerances import TOLERANCE, max_relative_difference
+from transformer_run.sharding import Plan
+
+from .test_numpy_sharding import CONFIGS, STEPS, batch_of, gradient_error, with_biases
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GROUPS = {  # processes: {name: plan}
+    2: {"fsdp": Plan(fsdp=2), "tp": Plan(tensor_parallel=2)},
+    4: {"fsdp-x-tp": Plan(fsdp=2, tensor_parallel=2), "dp-x-tp": Plan(data_parallel=2, tensor_parallel=2),
+        "fsdp-4": Plan(fsdp=4)},
+}  # fmt: skip
+PLANS = {name: plan for plans in GROUPS.values() for name, plan in plans.items()}
+CHECKPOINTED = "fsdp-x-tp"  # the run whose checkpoint every backend loads
+CHILD_TIMEOUT = 400  # seconds
+
+
+def schedule(config):
+    from transformer_run.schedules import warmup_schedule
+
+    return warmup_schedule(config.d_model, warmup_steps=400, factor=0.5)
+
+
+def trained(config):
+    """The model the Adam runs train: without attention biases, as in NumPy's test. The key
+    projection's bias has a gradient that is zero in exact arithmetic, and Adam turns its rounding
+    noise into updates of ~1e-8 of the rate, different for each order of summation."""
+    return config.replace(attention_bias=False)
+
+
+def params_of(config, dtype: str) -> dict[str, np.ndarray]:
+    from transformer_spec import init_params
+
+    return with_biases(init_params(config, seed=0, dtype=dtype))
+
+
+# ------------------------------------------------------------------------------ in each process
+def child(processes: int, out: str, rank: int, init_file: str) -> None:
+    """Rank ``rank`` of a group of ``processes`` (met through ``init_file``): every plan of
+    GROUPS[processes] on both models; rank 0 writes the results to ``out``."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_impl
+    from torch_impl.sharding import (
+        Adam,
+        local_bytes,
+        shard_model,
+        sharded_backward,
+        sharded_logits,
+        sharded_loss_and_grads,
+        sharded_train,
+        sharding_mesh,
+        step_collectives,
+    )
+    from transformer_run.checkpoint import save_checkpoint
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=processes)
+    results = {}
+    for plan_name, plan in GROUPS[processes].items():
+        for model_name, config in CONFIGS.items():
+            key, batch = f"{plan_name}/{model_name}", batch_of(config)
+            dtypes = ("float64", "float32") if plan_name != "fsdp-4" else ()
+            for dtype in dtypes:
+                model = torch_impl.build_model(config, params_of(config, dtype))
+                loss, grads = sharded_loss_and_grads(model, batch, plan)
+                results[f"{key}/{dtype}/loss"] = loss
+                results[f"{key}/{dtype}/logits"] = sharded_logits(model, batch, plan)
+                results |= {f"{key}/{dtype}/grad/{n}": g for n, g in grads.items()}
+            model = torch_impl.build_model(config, params_of(config, "float64"))
+            counts = step_collectives(model, batch, plan)
+            results[f"{key}/collectives"] = json.dumps(counts)
+            if plan_name == "fsdp-4":  # what each rank holds after a backward, with Adam's moments
+                mesh = sharding_mesh(plan)
+                sharded = shard_model(torch_impl.build_model(config, params_of(config, "float64")), mesh, plan)
+                optimizer = Adam(sharded, lambda t: 1e-3)
+                sharded_backward(sharded, batch, 0.0, mesh)
+                optimizer.optimizer.step()  # the moments exist, the gradients are still there
+                held = torch.tensor(sum(local_bytes(sharded, optimizer).values()))
+                dist.all_reduce(held, op=dist.ReduceOp.MAX)
+                results[f"{key}/peak_bytes"] = int(held)
+                continue
+            config = trained(config)
+            model = torch_impl.build_model(config, params_of(config, "float64"))
+            checkpoint = None
+            if plan_name == CHECKPOINTED:
+                path = f"{out}.{model_name}.safetensors"
+
+                def checkpoint(state, path=path, model=model, config=config):
+                    save_checkpoint(path, config, torch_impl.to_params(model), state, {"plan": CHECKPOINTED})
+
+            losses = sharded_train(model, [batch], STEPS, schedule(config), plan=plan, checkpoint=checkpoint,
+                                   checkpoint_every=STEPS)  # fmt: skip
+            results[f"{key}/curve"] = np.array(losses)
+            results |= {f"{key}/trained/{n}": w for n, w in torch_impl.to_params(model).items()}
+    if rank == 0:
+        np.savez(out, **results)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class Groups:
+    """The groups of processes, each started once. In a serial run the first test starts both, to
+    run side by side; under xdist a worker starts only the one its test needs. A group that fails
+    shows its ranks' stderr."""
+
+    def __init__(self, folder: pathlib.Path):
+        self.folder, self.started, self.done = folder, {}, {}
+
+    def start(self, processes: int) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        for size in [processes] if os.environ.get("PYTEST_XDIST_WORKER") else list(GROUPS):
+            if size in self.started:
+                continue
+            out = self.folder / f"group-{size}.npz"
+            command = [sys.executable, "-m", "shared_tests.sharding.test_torch_sharding", str(size), str(out)]
+            ranks = [
+                subprocess.Popen(command + [str(rank), str(self.folder / f"rendezvous-{size}")], cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for rank in range(size)
+            ]  # fmt: skip
+            self.started[size] = (ranks, out)
+
+    def results(self, processes: int) -> dict[str, np.ndarray]:
+        if processes in self.done:
+            return self.done[processes]
+        self.start(processes)
+        ranks, out = self.started[processes]
+        reports = []
+        for rank, process in enumerate(ranks):
+            try:
+                _, stderr = process.communicate(timeout=CHILD_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                _, stderr = process.communicate()
+            if process.returncode != 0:
+                reports.append(f"group of {processes}, rank {rank} exited with {process.returncode}\n{stderr}")
+        if reports or not out.exists():
+            raise AssertionError("\n".join(reports) or f"the group of {processes} wrote no results")
+        self.done[processes] = dict(np.load(out))
+        return self.done[processes]
+
+    def stop(self) -> None:
+        for ranks, _ in self.started.values():
+            for process in ranks:
+                if process.poll() is None:
+                    process.kill()
+                    process.communicate()
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory):
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    started = Groups(tmp_path_factory.mktemp("torch-sharding"))
+    yield started
+    started.stop()
+
+
+# ------------------------------------------------------------------------------ the tests
+# One test per group of processes (each group runs once, whichever xdist worker takes it); each
+# checks every plan of its group on both models.
+def test_fsdp_and_tensor_parallel_over_2_processes_equal_one_device(groups):
+    results = groups.results(2)
+    for plan_name in GROUPS[2]:
+        for model_name in CONFIGS:
+            check_logits_loss_and_gradients(results, plan_name, model_name)
+            check_twenty_adam_steps(results, plan_name, model_name)
+            check_collectives(results, plan_name, model_name)
+
+
+def test_2d_meshes_and_fsdp_over_4_processes_equal_one_device(groups):
+    """FSDP x tensor parallel and data parallel x tensor parallel as above; FSDP over 4 processes
+    for the memory each holds; the FSDP x tensor parallel run's checkpoint in every backend."""
+    results = groups.results(4)
+    for model_name in CONFIGS:
+        for plan_name in ("fsdp-x-tp", "dp-x-tp"):
+            check_logits_loss_and_gradients(results, plan_name, model_name)
+            check_twenty_adam_steps(results, plan_name, model_name)
+        for plan_name in GROUPS[4]:
+            check_collectives(results, plan_name, model_name)
+        check_fsdp_memory(results, model_name)
+        check_checkpoint(groups.started[4][1], model_name)
+
+
+def single_device(config, dtype: str):
+    """-> (logits, loss, gradients) of one process."""
+    import torch
+
+    import torch_impl
+    from transformer_run.batches import split_batch
+
+    model, batch = torch_impl.build_model(config, params_of(config, dtype)), batch_of(config)
+    inputs, _ = split_batch(config, batch)
+    with torch.no_grad():
+        logits = model(*(torch.as_tensor(x) for x in inputs)).logits.numpy()
+    return (logits, *torch_impl.loss_and_grads(model, batch))
+
+
+def check_logits_loss_and_gradients(results, plan_name: str, model_name: str) -> None:
+    """float64 within 1e-12 and float32 within 1e-5 of one process, per tensor."""
+    key = f"{plan_name}/{model_name}"
+    for dtype in ("float64", "float32"):
+        want_logits, want_loss, want = single_device(CONFIGS[model_name], dtype)
+        error = max_relative_difference(results[f"{key}/{dtype}/logits"], want_logits)
+        assert error <= TOLERANCE[dtype], f"{key} {dtype}: logits differ by {error:.2e}"
+        assert abs(float(results[f"{key}/{dtype}/loss"]) - want_loss) / want_loss <= TOLERANCE[dtype], key
+        got = {name: results[f"{key}/{dtype}/grad/{name}"] for name in want}
+        error = gradient_error(got, want, dtype)
+        assert error <= TOLERANCE[dtype], f"{key} {dtype}: gradients differ by {error:.2e}"
+
+
+def check_twenty_adam_steps(results, plan_name: str, model_name: str) -> None:
+    """The loss of every step and each trained weight within 1e-12 (float64) of one process's run."""
+    import torch_impl
+
+    config, key = trained(CONFIGS[model_name]), f"{plan_name}/{model_name}"
+    model = torch_impl.build_model(config, params_of(config, "float64"))
+    curve = np.array(torch_impl.train(model, [batch_of(config)], STEPS, schedule(config)))
+    assert np.max(np.abs(results[f"{key}/curve"] - curve) / curve) <= TOLERANCE["float64"], key
+    for name, want in torch_impl.to_params(model).items():
+        error = max_relative_difference(results[f"{key}/trained/{name}"], want)
+        assert error <= TOLERANCE["float64"], f"{key}: {name} differs by {error:.2e} after {STEPS} steps"
+
+
+def extra_backward_all_reduces(config) -> int:
+    """The all-reduces torch's tensor parallel adds to Megatron's one per block in the backward.
+
+    ``ColwiseParallel`` turns each column-split Linear's input into a DTensor of its own, so each
+    one's backward all-reduces its own partial gradient of that input: w_q, w_k and w_v reading one
+    x make three where Megatron (and NumPy) add the three partials first and all-reduce once. So:
+    self-attention 3 - 1 = 2 extra; cross-attention 3 - 2 = 1 (w_k and w_v share the memory, w_q
+    reads x); a gated feed-forward 2 - 1 = 1 (w_gate and w_up); the paper's feed-forward 0 (w_1)."""
+    ffn = 1 if config.gated_ffn else 0
+    encoder = config.num_encoder_layers * (2 + ffn) if config.uses_encoder else 0
+    cross = 1 if config.decoder_has_cross_attention else 0
+    decoder = config.num_decoder_layers * (2 + cross + ffn) if config.uses_decoder else 0
+    return encoder + decoder
+
+
+def check_collectives(results, plan_name: str, model_name: str) -> None:
+    """By kind, counted at torch's dispatcher, against NumPy's step on the same plan: FSDP's
+    all-gathers (each layer in the forward and again in the backward, the rest once) and
+    reduce-scatters (one per unit), and data parallel's all-reduces (one per unit), exactly; tensor
+    parallel's all-reduces with the extra ones ``parallelize_module`` makes."""
+    import numpy_impl
+    from numpy_impl.sharding import step_collectives
+
+    config, plan = CONFIGS[model_name], PLANS[plan_name]
+    got = json.loads(str(results[f"{plan_name}/{model_name}/collectives"]))
+    reference = step_collectives(numpy_impl.build_model(config, params_of(config, "float64")), batch_of(config), plan)
+    want = {kind: entry["count"] for kind, entry in reference.items()}
+    if plan.tensor_parallel > 1:
+        want["all-reduce"] += extra_backward_all_reduces(config)
+    assert {kind: entry["count"] for kind, entry in got.items()} == want, f"{plan_name}/{model_name}"
+
+
+def check_fsdp_memory(results, model_name: str) -> None:
+    """Weights, gradients and Adam's two moments: one device holds 4 copies' worth of the weights;
+    the largest FSDP rank of 4, measured from its local shards, under 0.3 of that."""
+    from transformer_spec import param_schema
+
+    config = CONFIGS[model_name]
+    one_device = 4 * 8 * sum(int(np.prod(shape)) for shape in param_schema(config).values())  # float64
+    held = int(results[f"fsdp-4/{model_name}/peak_bytes"])
+    assert held <= 0.3 * one_device, f"{model_name}: {held} of {one_device} bytes ({held / one_device:.3f})"
+
+
+def check_checkpoint(out: pathlib.Path, model_name: str) -> None:
+    """Saved from the FSDP x tensor parallel run: whole tensors under the canonical names, equal to
+    one process's weights and Adam moments after the same steps, and loaded by every backend."""
+    import importlib
+
+    import torch_impl
+    from transformer_run.checkpoint import load_checkpoint
+
+    config = trained(CONFIGS[model_name])
+    saved = load_checkpoint(f"{out}.{model_name}.safetensors")
+    model = torch_impl.build_model(config, params_of(config, "float64"))
+    states = []
+    torch_impl.train(model, [batch_of(config)], STEPS, schedule(config), checkpoint=states.append,
+                     checkpoint_every=STEPS)  # fmt: skip
+    want = torch_impl.to_params(model)
+    assert saved.state.step == STEPS and sorted(saved.params) == sorted(want)
+    for name in want:
+        error = max_relative_difference(saved.params[name], want[name])
+        assert error <= TOLERANCE["float64"], f"checkpoint {model_name}: {name} differs by {error:.2e}"
+    for name, moment in states[-1].moments.items():
+        error = max_relative_difference(saved.state.moments[name], moment)
+        assert error <= TOLERANCE["float64"], f"checkpoint {model_name}: Adam's {name} differs by {error:.2e}"
+    for backend in ("numpy", "torch", "jax"):
+        if importlib.util.find_spec(backend) is None and backend != "numpy":
+            continue
+        impl = importlib.import_module(f"{backend}_impl")
+        loaded = impl.to_params(impl.build_model(saved.config, saved.params))
+        for name in want:
+            assert np.array_equal(np.asarray(loaded[name]), saved.params[name]), f"{backend}: {name}"
+
+
+if __name__ == "__main__":
+    child(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4])

@@ -1,0 +1,411 @@
+"""Sharded training with torch.distributed: FSDP (``fully_shard``), tensor parallel
+(``parallelize_module``) and data parallel, alone or together on a 2-D ``DeviceMesh``.
+
+The plan, and which weight is split how, are ``transformer_run.sharding``'s; here torch's engines
+carry it out, one process per device (gloo on CPU, nccl on GPUs), on a mesh of
+``(data, model)`` = ``(data_parallel * fsdp, tensor_parallel)`` ranks:
+
+- along ``model`` (Megatron): ``parallelize_module`` splits each column-split matrix (w_q, w_k, w_v,
+  w_1 or w_gate and w_up) by output features (``ColwiseParallel``) and each row-split one (w_o, w_2
+  or w_down) by input features (``RowwiseParallel``, whose partial outputs one all-reduce adds up).
+  A rank's attention sees ``num_heads / K`` query heads and ``num_kv_heads / K`` key/value heads:
+  ``split_heads`` reshapes to ``-1`` heads, so the layer's code runs unchanged on its own heads.
+- along ``data``: each rank takes its rows of the global batch. FSDP (``fully_shard`` on each
+  layer, then on the whole model) keeps 1/N of every weight, its gradient and its Adam moments on
+  each rank, all-gathers a layer's weights just before it runs (forward and backward) and
+  reduce-scatters its gradients; data parallel (``replicate``) keeps whole copies and all-reduces
+  the gradients.
+
+The loss is normalised by the GLOBAL count of non-pad targets, as data_parallel.py does: each data
+rank weighs its rows' mean by ``count_r / count`` and multiplies by the number of data ranks,
+because both engines average the gradients where the loss needs their sum.
+
+Launched like data_parallel.py: by ``sharded_train`` itself (``torch.multiprocessing.spawn``, the
+processes meeting through a file), or under ``torchrun`` with one process per device.
+
+Dropout: each process seeds torch's global generator with ``rank_seed(seed, data rank)``. Under
+tensor parallel a rank holds only its own heads and hidden features, so its masks are not the
+single device's: a sharded run equals one device's without dropout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import logging
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from transformer_run.batches import split_batch
+from transformer_run.data_parallel import batch_size, rank_seed, rate_table, shard, table_schedule
+from transformer_run.sharding import COLUMN, ROW, Plan, check_plan, plan_weights
+from transformer_run.train import TrainingState, train_loop
+from transformer_spec import param_schema, parent_of
+
+from .data_parallel import _run
+from .kernels import fused_kernels
+from .layers import seed_dropout
+from .loss import cross_entropy
+from .optim import Adam
+from .params import _to_torch_layout
+from .train import dropout_streams
+
+
+def sharding_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
+    """The 2-D mesh ``(data, model)`` of this process group (rank = data_rank * K + model_rank)."""
+    return init_device_mesh(
+        device_type, (plan.data, plan.tensor_parallel), mesh_dim_names=("data", "model")
+    )
+
+
+def shard_model(model, mesh: DeviceMesh, plan: Plan):
+    """Split ``model``'s weights over ``mesh`` in place, as ``plan`` says: tensor parallel along
+    ``model``, then FSDP or data parallel along ``data``. Returns ``model``."""
+    if plan.tensor_parallel > 1:
+        parallelize_module(model, mesh["model"], tensor_parallel_plan(model.config, plan))
+    if plan.fsdp > 1:
+        weights = plan_weights(model.config, plan)
+        place = functools.partial(_fsdp_dim, _parameter_names(model), weights)
+        for layer in _layers(model):  # each gathers its weights just before it runs
+            fully_shard(layer, mesh=mesh["data"], shard_placement_fn=place)
+        fully_shard(model, mesh=mesh["data"], shard_placement_fn=place)  # embeddings, norms, output
+    elif plan.data_parallel > 1:
+        # FSDP2's data parallel: whole copies, its gradients all-reduced (DTensor-aware, so it
+        # composes with tensor parallel, where DistributedDataParallel does not)
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        for layer in _layers(model):  # each layer's gradients all-reduced as soon as they are done
+            replicate(layer, mesh=mesh["data"])
+        replicate(model, mesh=mesh["data"])
+    return model
+
+
+def tensor_parallel_plan(config, plan: Plan) -> dict[str, ColwiseParallel | RowwiseParallel]:
+    """{module path: ColwiseParallel() or RowwiseParallel()}: the plan's split of each weight."""
+    styles = {}
+    for name, where in plan_weights(config, plan).items():
+        path = name.rsplit(".", 1)[0]  # the Linear holding the weight (and its bias)
+        if where.tensor_parallel == COLUMN:
+            styles[path] = ColwiseParallel()
+        elif where.tensor_parallel == ROW:
+            styles[path] = RowwiseParallel()
+    return styles
+
+
+def _parameter_names(model) -> dict[int, str]:
+    """{id(parameter): its canonical name}."""
+    names = {}
+    for name in param_schema(model.config, model.schema):
+        parent, leaf = parent_of(model, name)
+        names[id(getattr(parent, leaf))] = name
+    return names
+
+
+def _fsdp_dim(names: dict[int, str], weights: dict, parameter) -> Shard:
+    """The dimension FSDP splits of ``parameter``: the plan's, in torch's layout (nn.Linear stores
+    its weight [out, in], the transpose of the plan's [in, out])."""
+    name = names[id(parameter)]
+    dim = weights[name].fsdp_dim
+    transposed = name.endswith(".weight") and name.rsplit(".", 2)[-2].startswith("w_")
+    return Shard(1 - dim if transposed and parameter.ndim == 2 else dim)
+
+
+def _device(model) -> torch.device:
+    """Where the model's weights are (the CPU, or this process's GPU)."""
+    return next(model.parameters()).device
+
+
+def _layers(model) -> list[torch.nn.Module]:
+    """The encoder's and the decoder's layers, in order."""
+    stacks = [getattr(model, name, None) for name in ("encoder", "decoder")]
+    return [layer for stack in stacks if stack is not None for layer in stack.layers]
+
+
+def sharded_train_step(
+    model, optimizer: Adam, batch: Mapping[str, Any], label_smoothing: float = 0.0, *, mesh
+) -> float:
+    """One update of this rank, on its data rank's rows of the global ``batch``; returns the global
+    batch's loss."""
+    loss = sharded_backward(model, batch, label_smoothing, mesh)
+    optimizer.step()
+    return loss
+
+
+def sharded_backward(model, batch: Mapping[str, Any], label_smoothing: float, mesh) -> float:
+    """This rank's share of the loss, backward: the gradients, summed over the data ranks by the
+    engine, in ``.grad`` (this rank's pieces). Returns the global batch's loss."""
+    config, device = model.config, _device(model)
+    data = mesh["data"]
+    inputs, targets = split_batch(config, shard(config, batch, data.get_local_rank(), data.size()))
+    targets = torch.as_tensor(targets, device=device)  # (B / N, T)
+    count = (targets != config.pad_id).sum()  # (): this data rank's non-pad targets
+    total = _sum_over(data, count.clone())  # (): every data rank's, the loss's denominator
+    # a fused kernel reads w_q, w_k and w_v as one packed matrix, past the hooks that split them:
+    # under tensor parallel the written-out layers run
+    split = mesh["model"].size() > 1
+    with torch.enable_grad(), fused_kernels(False) if split else contextlib.nullcontext():
+        with warnings.catch_warnings():
+            # FSDP warns that the model's output holds views (its hidden states): none is changed
+            # in place here, which is what the warning is about
+            warnings.filterwarnings("ignore", "FSDP2-wrapped module", UserWarning)
+            inputs = tuple(torch.as_tensor(x, device=device) for x in inputs)
+            logits = model(*inputs).logits  # (B / N, T, V)
+        mean = cross_entropy(logits, targets, config.pad_id, label_smoothing)  # (): its rows
+        share = mean * count / total.clamp(min=1)  # ()
+        # the engines average the data ranks' gradients: * N makes that their sum
+        (share * data.size()).backward()
+    return float(_sum_over(data, share.detach().clone()))  # the global loss, the shares' sum
+
+
+def _sum_over(axis: DeviceMesh, value: torch.Tensor) -> torch.Tensor:
+    """``value`` summed over the ranks of ``axis`` (no collective where it has one rank)."""
+    if axis.size() > 1:
+        dist.all_reduce(value, group=axis.get_group())
+    return value
+
+
+def whole(model, tensors: str = "weights", optimizer: Adam | None = None) -> dict[str, np.ndarray]:
+    """Every weight (``tensors="weights"``), gradient (``"grads"``) or Adam moment (``"m"``,
+    ``"v"``) whole, under its canonical name and layout, as NumPy arrays. A sharded one is gathered
+    from its ranks first (``full_tensor``, a collective: every rank calls this)."""
+    out = {}
+    for name in param_schema(model.config, model.schema):
+        parent, leaf = parent_of(model, name)
+        value = getattr(parent, leaf)
+        if tensors == "grads":
+            value = value.grad
+        elif tensors in ("m", "v"):
+            value = optimizer.optimizer.state[value]["exp_avg" if tensors == "m" else "exp_avg_sq"]
+        if isinstance(value, DTensor):
+            with _quiet(_REDISTRIBUTE_LOG):
+                value = value.full_tensor()
+        value = value.detach().cpu().numpy()  # torch's layout
+        out[name] = np.array(_to_torch_layout(parent, leaf, value))
+    return out
+
+
+# DTensor logs a warning for each bias that FSDP splits on top of tensor parallel (the same
+# dimension twice) when it is gathered whole: two all-gathers instead of one, as the plan expects
+_REDISTRIBUTE_LOG = "torch.distributed.tensor._redistribute"
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str):
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def local_bytes(model, optimizer: Adam | None = None) -> dict[str, int]:
+    """Bytes of the weights, their gradients and Adam's moments this rank holds (its pieces)."""
+
+    def size(tensor) -> int:
+        if tensor is None:
+            return 0
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return local.numel() * local.element_size()
+
+    parameters = list(model.parameters())
+    held = {
+        "weights": sum(size(p) for p in parameters),
+        "grads": sum(size(p.grad) for p in parameters),
+    }
+    states = optimizer.optimizer.state.values() if optimizer is not None else []
+    held["adam"] = sum(size(state[key]) for state in states for key in ("exp_avg", "exp_avg_sq"))
+    return held
+
+
+COLLECTIVE_KINDS = {  # the ops torch's engines run, by the kinds of transformer_run.sharding
+    "all_gather_into_tensor": "all-gather",  # DTensor's (functional collectives)
+    "all_gather_into_tensor_coalesced": "all-gather",
+    "_allgather_base_": "all-gather",  # torch.distributed's (c10d), FSDP's
+    "allgather_": "all-gather",
+    "allgather_into_tensor_coalesced_": "all-gather",
+    "reduce_scatter_tensor": "reduce-scatter",
+    "reduce_scatter_tensor_coalesced": "reduce-scatter",
+    "_reduce_scatter_base_": "reduce-scatter",
+    "reduce_scatter_": "reduce-scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce-scatter",
+    "all_reduce": "all-reduce",
+    "all_reduce_coalesced": "all-reduce",
+    "allreduce_": "all-reduce",
+    "allreduce_coalesced_": "all-reduce",
+}
+
+# functional collectives' bookkeeping: waiting for one to finish, wrapping its result for autograd
+NOT_COMMUNICATION = ("wait_tensor", "_wrap_tensor_autograd")
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Counts the collectives this process runs while it is on, by kind: every one of torch's
+    engines reaches the dispatcher as a ``c10d`` or ``_c10d_functional`` op."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        namespace, name = func.namespace, func._schema.name.split("::")[-1]
+        if namespace in ("c10d", "_c10d_functional") and name not in NOT_COMMUNICATION:
+            kind = COLLECTIVE_KINDS.get(name, name)
+            self.counts.setdefault(kind, {"count": 0})["count"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+# ------------------------------------------------------------------------------ entry points
+def sharded_loss_and_grads(
+    model, batch: Mapping[str, Any], plan: Plan, label_smoothing: float = 0.0
+) -> tuple[float, dict[str, np.ndarray]]:
+    """-> (the loss of the global ``batch``, {canonical name: whole gradient}) from one backward
+    over ``plan``'s devices."""
+    check_plan(model.config, plan, batch_size(model.config, batch))
+    return _run(_loss_and_grads_rank, model, plan.devices, plan, batch, label_smoothing)
+
+
+def sharded_logits(model, batch: Mapping[str, Any], plan: Plan) -> np.ndarray:
+    """The forward of the global ``batch`` over ``plan``'s devices: its logits (B, T, V), each data
+    rank's rows all-gathered in order."""
+    check_plan(model.config, plan, batch_size(model.config, batch))
+    return _run(_logits_rank, model, plan.devices, plan, batch)
+
+
+def step_collectives(
+    model, batch: Mapping[str, Any], plan: Plan, label_smoothing: float = 0.0
+) -> dict[str, dict[str, int]]:
+    """The collectives device 0 runs in one training step (backward and Adam's update), counted
+    by torch's ``CommDebugMode``: {kind: {"count": n}}."""
+    check_plan(model.config, plan, batch_size(model.config, batch))
+    return _run(_collectives_rank, model, plan.devices, plan, batch, label_smoothing)
+
+
+def sharded_train(
+    model,
+    batches: Sequence[Mapping[str, Any]],
+    steps: int,
+    schedule: Callable[[int], float],
+    label_smoothing: float = 0.0,
+    callback: Callable[[int, float], None] | None = None,
+    seed: int = 0,
+    *,
+    plan: Plan,
+    checkpoint: Callable[[TrainingState], None] | None = None,
+    checkpoint_every: int = 0,
+) -> list[float]:
+    """``train`` with the weights, gradients and Adam's moments spread over ``plan``'s devices:
+    this process's rank when it is one already (torchrun started it, or a process group exists),
+    else ``plan.devices`` processes spawned here. ``model`` ends with the trained weights, whole.
+    ``checkpoint(state)`` receives whole moments under the canonical names; spawned, the states
+    come back to this process, which calls it once the run is over (a closure does not pickle)."""
+    for batch in batches:
+        check_plan(model.config, plan, batch_size(model.config, batch))
+    rates = rate_table(schedule, steps)
+    spawned = not dist.is_initialized() and "RANK" not in os.environ
+    keep = checkpoint is not None and spawned
+    losses, params, states = _run(
+        _train_rank, model, plan.devices, plan, batches, steps, rates, label_smoothing, callback,
+        seed, None if spawned else checkpoint, checkpoint_every, keep,
+    )  # fmt: skip
+    for state, weights in states:  # spawned: saved here, in order, each with its step's weights
+        load_whole(model, weights)
+        checkpoint(state)
+    load_whole(model, params)
+    return losses
+
+
+def load_whole(model, params: Mapping[str, np.ndarray]) -> None:
+    """Write whole weights (canonical names and layout) into ``model``'s own tensors."""
+    with torch.no_grad():
+        for name, value in params.items():
+            parent, leaf = parent_of(model, name)
+            weight = getattr(parent, leaf)
+            in_torch_layout = np.ascontiguousarray(_to_torch_layout(parent, leaf, value))
+            weight.copy_(torch.as_tensor(in_torch_layout).to(weight.device))
+
+
+# ------------------------------------------------------------------------------ in each process
+def _setup(model, plan: Plan):
+    """A copy of ``model`` sharded over this rank's mesh (``model`` itself stays whole)."""
+    mesh = sharding_mesh(plan, _device(model).type)
+    return shard_model(copy.deepcopy(model), mesh, plan), mesh
+
+
+def _loss_and_grads_rank(model, rank, devices, plan, batch, label_smoothing):
+    sharded, mesh = _setup(model, plan)
+    loss = sharded_backward(sharded, batch, label_smoothing, mesh)
+    return loss, whole(sharded, "grads")
+
+
+def _logits_rank(model, rank, devices, plan, batch):
+    sharded, mesh = _setup(model, plan)
+    config, data = model.config, mesh["data"]
+    inputs, _ = split_batch(config, shard(config, batch, data.get_local_rank(), data.size()))
+    split = mesh["model"].size() > 1  # the written-out layers, as in sharded_backward
+    with torch.no_grad(), fused_kernels(False) if split else contextlib.nullcontext():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "FSDP2-wrapped module", UserWarning)
+            inputs = tuple(torch.as_tensor(x, device=_device(model)) for x in inputs)
+            logits = sharded(*inputs).logits.contiguous()  # (B / N, T, V), on each model rank
+    rows = [logits]
+    if data.size() > 1:
+        rows = [torch.empty_like(logits) for _ in range(data.size())]
+        dist.all_gather(rows, logits, group=data.get_group())
+    return torch.cat(rows).cpu().numpy()  # (B, T, V)
+
+
+def _collectives_rank(model, rank, devices, plan, batch, label_smoothing):
+    sharded, mesh = _setup(model, plan)
+    optimizer = Adam(sharded, lambda t: 1e-3)
+    with CollectiveCounter() as counter:
+        sharded_train_step(sharded, optimizer, batch, label_smoothing, mesh=mesh)
+    return counter.counts
+
+
+def _train_rank(model, rank, devices, plan, batches, steps, rates, label_smoothing, callback, seed,
+                checkpoint, checkpoint_every, keep_states):  # fmt: skip
+    sharded, mesh = _setup(model, plan)
+    optimizer = Adam(sharded, functools.partial(table_schedule, rates))
+    data_rank = mesh["data"].get_local_rank()
+    seed_rank = lambda model, seed: seed_dropout(model, rank_seed(seed, data_rank))  # noqa: E731
+    states = []  # spawned: (state, whole weights) for the caller's process to save
+
+    def whole_state(sharded, optimizer: Adam, losses: list[float]) -> TrainingState:
+        """Gathered on every rank: the whole weights into ``model``, the whole moments."""
+        load_whole(model, whole(sharded))
+        moments = {f"m.{n}": m for n, m in whole(sharded, "m", optimizer).items()}
+        moments |= {f"v.{n}": v for n, v in whole(sharded, "v", optimizer).items()}
+        # the model's own streams: a checkpoint resumes on one device (the ranks drew their own)
+        return TrainingState(optimizer.t, list(losses), moments, dropout_streams(model))
+
+    def save(state: TrainingState) -> None:
+        if rank == 0 and keep_states:
+            states.append((state, whole_weights(model)))
+        elif rank == 0:
+            checkpoint(state)  # reads the whole weights from ``model``
+
+    step = functools.partial(sharded_train_step, mesh=mesh)
+    saving = checkpoint is not None or keep_states
+    losses = train_loop(sharded, optimizer, step, seed_rank, batches, steps, label_smoothing,
+                        callback if rank == 0 else None, seed, None, save if saving else None,
+                        checkpoint_every, whole_state)  # fmt: skip
+    return losses, whole(sharded), states
+
+
+def whole_weights(model) -> dict[str, np.ndarray]:
+    """An unsharded model's weights (canonical names and layout)."""
+    return whole(model)
