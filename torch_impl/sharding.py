@@ -274,14 +274,14 @@ def sharded_loss_and_grads(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """-> (the loss of the global ``batch``, {canonical name: whole gradient}) from one backward
     over ``plan``'s devices."""
-    check_plan(model.config, plan, batch_size(model.config, batch))
+    _check_devices(model, batch, plan)
     return _run(_loss_and_grads_rank, model, plan.devices, plan, batch, label_smoothing)
 
 
 def sharded_logits(model, batch: Mapping[str, Any], plan: Plan) -> np.ndarray:
     """The forward of the global ``batch`` over ``plan``'s devices: its logits (B, T, V), each data
     rank's rows all-gathered in order."""
-    check_plan(model.config, plan, batch_size(model.config, batch))
+    _check_devices(model, batch, plan)
     return _run(_logits_rank, model, plan.devices, plan, batch)
 
 
@@ -290,7 +290,7 @@ def step_collectives(
 ) -> dict[str, dict[str, int]]:
     """The collectives device 0 runs in one training step (backward and Adam's update), counted
     by torch's ``CommDebugMode``: {kind: {"count": n}}."""
-    check_plan(model.config, plan, batch_size(model.config, batch))
+    _check_devices(model, batch, plan)
     return _run(_collectives_rank, model, plan.devices, plan, batch, label_smoothing)
 
 
@@ -313,7 +313,7 @@ def sharded_train(
     ``checkpoint(state)`` receives whole moments under the canonical names; spawned, the states
     come back to this process, which calls it once the run is over (a closure does not pickle)."""
     for batch in batches:
-        check_plan(model.config, plan, batch_size(model.config, batch))
+        _check_devices(model, batch, plan)
     rates = rate_table(schedule, steps)
     spawned = not dist.is_initialized() and "RANK" not in os.environ
     keep = checkpoint is not None and spawned
@@ -336,6 +336,14 @@ def load_whole(model, params: Mapping[str, np.ndarray]) -> None:
             weight = getattr(parent, leaf)
             in_torch_layout = np.ascontiguousarray(_to_torch_layout(parent, leaf, value))
             weight.copy_(torch.as_tensor(in_torch_layout).to(weight.device))
+
+
+def _check_devices(model, batch: Mapping[str, Any], plan: Plan) -> None:
+    """The plan against the model, the batch and, when processes exist already (torchrun, or a
+    process group), their number: one line naming both numbers."""
+    world = dist.get_world_size() if dist.is_initialized() else os.environ.get("WORLD_SIZE")
+    devices = int(world) if world is not None else None
+    check_plan(model.config, plan, batch_size(model.config, batch), devices)
 
 
 # ------------------------------------------------------------------------------ in each process
