@@ -165,3 +165,54 @@ def test_each_stopping_rule_searches_at_least_as_long_and_scores_at_least_as_wel
                 differs["steps"][i] |= steps[i] < steps[i + 1]
                 differs["scores"][i] |= scores[i] < scores[i + 1]
     assert differs == {"steps": [True, True], "scores": [True, True]}, differs
+
+
+def hugging_face_beam_search(stepper, source: int, max_len: int, beams: int, length_penalty: float, early_stopping):
+    """Hugging Face's ``_beam_search`` (transformers 5) for one source, transcribed to NumPy with its
+    own layout: fixed-size running and finished arrays, -1e9 for "nothing", the 2k best candidates,
+    the finished ones merged by one top-k, its stopping heuristic. -> (hypothesis, score)."""
+    k, none = beams, -1e9
+    running = np.full((k, max_len + 1), -1)  # (k, max_length): -1 after the last token
+    running[:, 0] = BOS
+    running_scores = np.full(k, none)
+    running_scores[0] = 0.0
+    finished, finished_scores, is_finished = running.copy(), np.full(k, none), np.zeros(k, bool)
+    unsatisfied, length = True, 1  # cur_len; the decoder prompt is <bos> alone
+    while True:
+        log_probs = np.stack([log_softmax(stepper.table[source, running[i, length - 1], length - 1]) for i in range(k)])
+        accumulated = (log_probs + running_scores[:, None]).reshape(-1)  # (k * V,)
+        top = np.argsort(-accumulated, kind="stable")[: 2 * k]
+        top_scores, top_tokens = accumulated[top], top % VOCAB
+        top_sequences = running[top // VOCAB].copy()
+        top_sequences[:, length] = top_tokens
+        hits = (top_tokens == EOS) | (length + 1 >= max_len + 1)  # eos, or max_length reached
+        order = np.argsort(-(top_scores + hits * none), kind="stable")[:k]
+        running, running_scores = top_sequences[order], (top_scores + hits * none)[order]
+        just_finished = hits & (np.arange(2 * k) < k)
+        scores = top_scores / (length + 1 - 1) ** length_penalty
+        scores = scores + none * ((early_stopping is True and is_finished.all()) + (not unsatisfied) + ~just_finished)
+        merged = np.concatenate([finished_scores, scores])
+        order = np.argsort(-merged, kind="stable")[:k]
+        finished = np.concatenate([finished, top_sequences])[order]
+        finished_scores, is_finished = merged[order], np.concatenate([is_finished, just_finished])[order]
+        length += 1
+        best_length = max_len if early_stopping == "never" and length_penalty > 0 else length - 1
+        worst = np.where(is_finished, finished_scores.min(), none)
+        unsatisfied = unsatisfied and bool((running_scores[0] / best_length**length_penalty > worst).any())
+        if not unsatisfied or (is_finished.all() and early_stopping is True) or hits.all():
+            return [int(t) for t in finished[0] if t >= 0], finished_scores[0]
+
+
+@pytest.mark.parametrize("early_stopping", EARLY_STOPPING)
+def test_beam_search_is_hugging_faces_search(early_stopping):
+    """The same hypothesis and score as a transcription of Hugging Face's search, for three length
+    penalties and two beam sizes, on tables where <eos> comes early or late."""
+    for seed, length_penalty, beams in itertools.product(range(6), [0.6, 1.0, 2.0], [2, 3]):
+        stepper = eos_early_or_late(seed)
+        result = beam_search(stepper, np.array([[0], [1], [2]]), BOS, EOS, 7, beams, length_penalty,
+                             early_stopping=early_stopping)  # fmt: skip
+        for source in range(3):
+            hypothesis, score = hugging_face_beam_search(stepper, source, 7, beams, length_penalty, early_stopping)
+            setting = f"seed {seed}, length_penalty {length_penalty}, {beams} beams, source {source}"
+            assert result.ids[source, : len(hypothesis)].tolist() == hypothesis, setting
+            assert abs(result.scores[source] - score) <= 1e-12 * abs(score), setting
