@@ -1,0 +1,429 @@
+"""Sharded training on a JAX device mesh: FSDP and Megatron tensor parallelism, alone or
+together, and with data parallelism.
+
+The mesh has two axes, ``("data", "model")``, of sizes (data_parallel * fsdp, tensor_parallel).
+The batch's rows are split over ``data``. Each weight gets a ``NamedSharding``:
+
+- FSDP (``fsdp`` > 1): one dimension of every weight split over ``data`` (``P("data", None)``;
+  which one: ``transformer_run.sharding.placement``): each device holds 1/N of every weight, of
+  its gradient and of its Adam moments, and gathers a weight whole where its layer needs it;
+- tensor parallel (``tensor_parallel`` > 1): Megatron's pairs, over ``model``. The matrices
+  that open a block's inner width (w_q, w_k, w_v; w_1, or w_gate and w_up) are split by
+  columns (``P(None, "model")``): each device computes its own heads, or its own slice of
+  d_ff, from the whole input. The matrix that closes the block (w_o; w_2, or w_down) is split
+  by rows (``P("model", None)``): each device multiplies its slice of the inner width by its
+  rows, and the partial outputs are added over ``model``: one all-reduce per block. The key
+  and value heads are split like the query heads, so a device's query heads find their shared
+  key/value head (grouped-query attention) on the same device;
+- data parallel (``data_parallel`` > 1, without FSDP): the weights whole on every device of
+  ``data``, the gradients all-reduced.
+
+Nothing in the model is written for a mesh. The step is train.py's ``_update`` (loss, gradients,
+Adam, one program compiled by ``nnx.jit``) with one line more: ``with_whole_weights`` asks for
+each FSDP-split weight whole along ``data`` where the forward reads it. XLA's SPMD partitioner
+(GSPMD) reads the weights' and the batch's shardings and puts in the collectives the layout
+needs: the all-gathers of FSDP, the all-reduces of Megatron's blocks, the gradients' reductions
+(``step_collectives`` lists them from the compiled program; the test of the collectives says how
+and why they differ from NumPy's written-out step). ``tensor_parallel_block`` writes one block's
+tensor parallelism out by hand with ``jax.shard_map``, where the one communication is a visible
+``jax.lax.psum``.
+
+Adam's moments are sharded like their weights (``shard_optimizer``); each device updates its
+shards. A checkpoint is written from whole tensors (``to_params`` and ``training_state`` copy each
+array off the devices, which joins its shards), under the canonical names, so it loads into one
+device and into every backend.
+
+Devices: as data_parallel.py's (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` on a CPU,
+set before JAX starts).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from transformer_run.batches import split_batch
+from transformer_run.sharding import Plan, check_plan, placement
+from transformer_run.train import train_loop
+from transformer_spec.checks import inputs_checked
+
+from .attention import repeat_kv, scaled_dot_product_attention
+from .checks import check_token_ids
+from .layers import seed_dropout
+from .loss import cross_entropy
+from .mixed_precision import keep_random_streams
+from .optim import Adam
+from .params import to_params
+from .train import restore_training_state, training_state
+
+
+# ----------------------------------------------------------------------------- the plan
+def weight_spec(name: str, shape: tuple[int, ...], plan: Plan) -> P:
+    """The PartitionSpec of the canonical weight ``name`` of ``shape``: the plan's placement
+    (transformer_run.sharding) in JAX's words: the dimension tensor parallelism splits on
+    ``"model"``, the one FSDP splits on ``"data"``, the rest whole."""
+    where = placement(name, shape, plan)
+    spec: list[str | tuple[str, str] | None] = [None] * len(shape)
+    if where.model_dim is not None:
+        spec[where.model_dim] = "model"  # column split: (None, "model"); row split: ("model", None)
+    if where.fsdp_dim is not None and where.fsdp_dim == where.model_dim:
+        spec[where.fsdp_dim] = ("model", "data")  # a column-split bias: model, then data
+    elif where.fsdp_dim is not None:
+        spec[where.fsdp_dim] = "data"  # FSDP: ("data", None); under a row split ("model", "data")
+    return P(*spec)
+
+
+# ----------------------------------------------------------------------------- the mesh
+def sharding_mesh(plan: Plan) -> jax.sharding.Mesh:
+    """The ``("data", "model")`` mesh of ``plan.devices`` devices: the accelerators, else the
+    CPU's (simulated ones too). Auto axes: GSPMD lays out what the code does not annotate."""
+    devices = jax.devices()
+    if len(devices) < plan.devices:
+        devices = jax.devices("cpu")
+    if len(devices) < plan.devices:
+        raise ValueError(
+            f"the plan needs {plan.devices} devices; JAX sees {len(devices)}: on a CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={plan.devices} before importing jax"
+        )
+    shape = (plan.data_parallel * plan.fsdp, plan.tensor_parallel)
+    return jax.make_mesh(
+        shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=devices[: plan.devices]
+    )
+
+
+def _keys(path: tuple) -> tuple[str, ...]:
+    """A pytree path into an nnx.State -> its keys (the module attributes and list indices)."""
+    return tuple(str(part.key) for part in path if isinstance(part, jax.tree_util.DictKey))
+
+
+def _canonical(path: tuple) -> str:
+    """An nnx state path -> the canonical name (nnx.Linear's ``kernel`` is our ``weight``)."""
+    return re.sub(r"\.kernel$", ".weight", ".".join(_keys(path)))
+
+
+def weight_shardings(model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan) -> nnx.State:
+    """A NamedSharding for every Param of ``model`` (by its canonical name), as an nnx.State."""
+    params = nnx.state(model, nnx.Param)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: NamedSharding(mesh, weight_spec(_canonical(path), x.shape, plan)), params
+    )
+
+
+def shard_model(model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan) -> None:
+    """The Params placed by ``weight_spec``; everything else (buffers such as the rotary and
+    sinusoid tables, the dropout streams) whole on every device."""
+    nnx.update(model, jax.device_put(nnx.state(model), NamedSharding(mesh, P())))
+    params = nnx.state(model, nnx.Param)
+    nnx.update(model, jax.device_put(params, weight_shardings(model, mesh, plan)))
+
+
+def shard_optimizer(optimizer: Adam, mesh: jax.sharding.Mesh, plan: Plan) -> None:
+    """Adam's moments sharded like their weights (found by the weight's path at the end of the
+    moment's path); its step count and learning rate whole on every device."""
+    specs = {
+        _keys(path): sharding.spec
+        for path, sharding in jax.tree_util.tree_leaves_with_path(
+            weight_shardings(optimizer.model, mesh, plan)
+        )
+    }
+
+    def place(path, x):
+        keys = _keys(path)
+        for weight_path, spec in specs.items():
+            if keys[-len(weight_path) :] == weight_path and x.shape != ():
+                return NamedSharding(mesh, spec)
+        return NamedSharding(mesh, P())
+
+    state = nnx.state(optimizer.optimizer)
+    shardings = jax.tree_util.tree_map_with_path(place, state)
+    nnx.update(optimizer.optimizer, jax.device_put(state, shardings))
+
+
+def shard_batch(batch: Mapping[str, Any], mesh: jax.sharding.Mesh) -> dict:
+    """Each array of ``batch`` split by rows over ``data``, whole over ``model``."""
+    rows = NamedSharding(mesh, P("data"))
+    return {key: jax.device_put(np.asarray(x), rows) for key, x in batch.items()}
+
+
+def gather(module: nnx.Module) -> None:
+    """Back to one device (the default one), every array whole."""
+    nnx.update(module, jax.device_put(nnx.state(module), jax.devices()[0]))
+
+
+# ----------------------------------------------------------------------------- training
+def with_whole_weights(model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan) -> nnx.Module:
+    """Inside a jitted step: a copy of ``model`` whose weights are whole along ``data`` (still
+    split along ``model``), so that XLA all-gathers each FSDP-sharded weight before its layer
+    uses it; the transpose of that gather reduces the gradient and scatters it back to the shards.
+
+    Without it GSPMD is free to move the activations instead of the weights (it split the
+    batch's d_model over ``data`` and exchanged activations with all-to-alls: the same numbers,
+    but not FSDP). With ``fsdp`` 1 it changes nothing: the weights are already so."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    along_model = Plan(tensor_parallel=plan.tensor_parallel)
+
+    def whole_along_data(path, x):
+        name = _canonical(path)
+        if placement(name, x.shape, plan).fsdp_dim is None:
+            return x  # not split over "data" (a column-split bias): as it is
+        spec = weight_spec(name, x.shape, along_model)  # only the "model" split left
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    params = jax.tree_util.tree_map_with_path(whole_along_data, params)
+    return nnx.merge(graphdef, params, rest)
+
+
+def _loss(model, inputs: tuple, targets, label_smoothing: float, mesh, plan: Plan):
+    whole = with_whole_weights(model, mesh, plan)
+    with inputs_checked():  # checked eagerly, before the jit
+        logits = whole(*inputs).logits  # (B, T, V), the batch's rows split over "data"
+    keep_random_streams(model, whole)  # the dropout streams it advanced
+    return cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()
+
+
+@nnx.jit(static_argnames=("label_smoothing", "mesh", "plan"))
+def _sharded_update(model, optimizer, inputs, targets, label_smoothing, mesh, plan):
+    """train.py's ``_update`` with ``with_whole_weights``: loss, gradients and Adam, one program."""
+    loss, grads = nnx.value_and_grad(_loss)(model, inputs, targets, label_smoothing, mesh, plan)
+    optimizer.update(model, grads)  # each device updates its shards with its shards
+    return loss
+
+
+@nnx.jit(static_argnames=("label_smoothing", "mesh", "plan"))
+def _sharded_loss_and_grads(model, inputs, targets, label_smoothing, mesh, plan):
+    return nnx.value_and_grad(_loss)(model, inputs, targets, label_smoothing, mesh, plan)
+
+
+def _checked(model, batch: Mapping[str, Any]) -> tuple[tuple, jax.Array]:
+    """The batch's inputs and targets, checked eagerly (inside jit their values are unknown)."""
+    inputs, targets = split_batch(model.config, batch)
+    model.check_inputs(*inputs)
+    check_token_ids("targets", targets, model.config.tgt_vocab_size, None)
+    return tuple(inputs), targets
+
+
+def sharded_loss_and_grads(
+    model, batch: Mapping[str, Any], plan: Plan, label_smoothing: float = 0.0
+) -> tuple[float, dict[str, np.ndarray]]:
+    """-> (the loss of the global ``batch``, {canonical name: whole gradient}), computed with
+    ``model``'s weights sharded by ``plan``."""
+    check_plan(model.config, plan, _rows(model, batch))
+    mesh = sharding_mesh(plan)
+    shard_model(model, mesh, plan)
+    try:
+        inputs, targets = _checked(model, shard_batch(batch, mesh))
+        loss, grads = _sharded_loss_and_grads(model, inputs, targets, label_smoothing, mesh, plan)
+        # the gradients, shaped like the Params, read out through to_params (whole, canonical)
+        graphdef, _, others = nnx.split(model, nnx.Param, ...)
+        return float(loss), to_params(nnx.merge(graphdef, grads, others))
+    finally:
+        gather(model)
+
+
+def sharded_train(
+    model,
+    batches: Sequence[Mapping[str, Any]],
+    steps: int,
+    schedule: Callable[[int], float],
+    label_smoothing: float = 0.0,
+    callback: Callable[[int, float], None] | None = None,
+    seed: int = 0,
+    *,
+    plan: Plan,
+    checkpoint: Callable[[Any], None] | None = None,
+    checkpoint_every: int = 0,
+) -> list[float]:
+    """``train`` with the weights and Adam's moments sharded by ``plan``; the loop is
+    ``transformer_run.train``'s (its ``checkpoint(state)`` receives whole tensors under the
+    canonical names)."""
+    for batch in batches:
+        check_plan(model.config, plan, _rows(model, batch))
+    mesh = sharding_mesh(plan)
+    optimizer = Adam(model, schedule)
+    shard_model(model, mesh, plan)
+    shard_optimizer(optimizer, mesh, plan)
+    sharded = [shard_batch(batch, mesh) for batch in batches]  # placed once, read every pass
+
+    def step(model, optimizer: Adam, batch, label_smoothing: float = 0.0) -> float:
+        inputs, targets = _checked(model, batch)
+        optimizer.set_learning_rate()
+        adam = optimizer.optimizer
+        return float(_sharded_update(model, adam, inputs, targets, label_smoothing, mesh, plan))
+
+    try:
+        return train_loop(
+            model, optimizer, step, seed_dropout, sharded, steps, label_smoothing, callback,
+            seed, None, checkpoint, checkpoint_every, training_state, restore_training_state,
+        )  # fmt: skip
+    finally:
+        gather(model)
+
+
+def _rows(model, batch: Mapping[str, Any]) -> int:
+    return int(np.shape(split_batch(model.config, batch)[1])[0])
+
+
+# ----------------------------------------------------------------------------- the collectives
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce")
+_BYTES = {"f64": 8, "f32": 4, "s64": 8, "s32": 4, "bf16": 2, "f16": 2, "pred": 1, "u32": 4}
+_INSTRUCTION = re.compile(
+    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<kind>all-gather|reduce-scatter|all-reduce|"
+    r"collective-permute|all-to-all)(?:-start)?\("
+)
+
+
+def hlo_collectives(hlo: str) -> dict[str, dict[str, int]]:
+    """The collectives of a compiled program's text (``compiled.as_text()``), by kind: ``count``,
+    the tensors they move (one per array, as NumPy's reference counts them), ``bytes``, the whole
+    buffers they work on (an all-gather's output, a reduce-scatter's input, an all-reduce's
+    buffer), and ``instructions``: XLA's combiners put several tensors into one instruction."""
+    counts = {kind: {"count": 0, "bytes": 0, "instructions": 0} for kind in COLLECTIVES}
+    for match in _INSTRUCTION.finditer(hlo):
+        kind, shape = match["kind"], match["shape"]
+        counts.setdefault(kind, {"count": 0, "bytes": 0, "instructions": 0})
+        shapes = re.findall(r"([a-z]+\d*)\[([\d,]*)\]", shape)
+        if match[0].endswith("-start(") and shape.startswith("(("):
+            shapes = shapes[len(shapes) // 2 :]  # an async start's tuple is (operands, results)
+        group = 1
+        if kind == "reduce-scatter":  # its result is one device's piece of the input
+            line = hlo[match.end() : hlo.find("\n", match.end())]
+            group = _group_size(line)
+        counts[kind]["instructions"] += 1
+        counts[kind]["count"] += len(shapes)
+        counts[kind]["bytes"] += group * sum(
+            _BYTES.get(dtype, 4) * int(np.prod([int(d) for d in dims.split(",") if d]))
+            for dtype, dims in shapes
+        )
+    return counts
+
+
+def _group_size(line: str) -> int:
+    """The devices in each replica group of an HLO collective's attributes."""
+    groups = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+    if groups:
+        return len(groups[1].split(","))
+    iota = re.search(r"replica_groups=\[\d+,(\d+)\]", line)
+    if iota:
+        return int(iota[1])
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if mesh:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh[1]))
+        return int(np.prod([int(sizes[axis]) for axis in re.findall(r"'(\w+)'", mesh[2])]))
+    raise ValueError(f"no replica groups found in {line[:200]!r}")
+
+
+def step_collectives(model, batch: Mapping[str, Any], plan: Plan) -> dict[str, dict[str, int]]:
+    """The collectives one device runs in one training step (loss, gradients, Adam) under
+    ``plan``: ``hlo_collectives`` of the program ``nnx.jit`` compiles for train.py's ``_update``."""
+    return hlo_collectives(step_program(model, batch, plan))
+
+
+def step_program(model, batch: Mapping[str, Any], plan: Plan) -> str:
+    """The text of the compiled training step under ``plan``, after XLA's passes: what runs."""
+    return _compiled_step(model, batch, plan).as_text()
+
+
+def step_memory(model, batch: Mapping[str, Any], plan: Plan) -> dict[str, int]:
+    """The bytes one device's compiled training step holds, as XLA plans them: ``arguments``
+    (its shards of the weights and Adam's moments, its rows of the batch), ``outputs`` (the
+    updated ones) and ``temporaries`` (whole weights gathered, gradients, activations)."""
+    memory = _compiled_step(model, batch, plan).memory_analysis()
+    return {
+        "arguments": int(memory.argument_size_in_bytes),
+        "outputs": int(memory.output_size_in_bytes),
+        "temporaries": int(memory.temp_size_in_bytes),
+    }
+
+
+def _compiled_step(model, batch: Mapping[str, Any], plan: Plan):
+    check_plan(model.config, plan, _rows(model, batch))
+    mesh = sharding_mesh(plan)
+    optimizer = Adam(model, lambda step: 1e-3)
+    shard_model(model, mesh, plan)
+    shard_optimizer(optimizer, mesh, plan)
+    try:
+        inputs, targets = _checked(model, shard_batch(batch, mesh))
+        adam = optimizer.optimizer
+        return _sharded_update.lower(model, adam, inputs, targets, 0.0, mesh, plan).compile()
+    finally:
+        gather(model)
+
+
+# ----------------------------------------------------------------------------- shard_map
+def tensor_parallel_block(block: nnx.Module, x: jax.Array, mesh: jax.sharding.Mesh, mask=None):
+    """One attention or feed-forward block, tensor parallel, written out with ``jax.shard_map``:
+    inside, each device sees only its shards (its heads, its slice of d_ff), and the one
+    communication of the forward is the ``psum`` after the row-split matmul.
+
+    ``block``: a ``MultiHeadAttention`` (self-attention; ``mask`` broadcastable to its scores),
+    a ``GatedFeedForward`` or a ``PositionwiseFeedForward``, its weights anywhere; ``x``
+    (B, T, d_model) whole on every device. -> (B, T, d_model), whole on every device."""
+    plan = Plan(tensor_parallel=mesh.shape["model"])
+    graphdef, params, rest = nnx.split(block, nnx.Param, ...)
+    specs = jax.tree_util.tree_map_with_path(
+        lambda path, x: weight_spec(_canonical(path), x.shape, plan), params
+    )
+
+    def local(params, rest, x, mask):  # runs on each device, on its shards
+        block = nnx.merge(graphdef, params, rest)
+        if hasattr(block, "w_q"):  # attention: this device's heads and key/value heads
+            partial = _attention_heads(block, x, mask)  # (B, T, d_model), this device's share
+            out_layer = block.w_o
+        else:  # feed-forward: this device's slice of d_ff
+            partial, out_layer = _feed_forward_slice(block, x)
+        output = jax.lax.psum(partial, "model")  # the sum over devices: the all-reduce
+        if out_layer.bias is not None:  # added once, after the sum
+            output = output + out_layer.bias[...]
+        return output  # (B, T, d_model)
+
+    run = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(specs, P(), P(), P()),
+        out_specs=P(),
+    )
+    return run(params, rest, x, mask)
+
+
+def _attention_heads(attention, x, mask):
+    """This device's heads: H / K query heads and H_kv / K key/value heads (its shard of w_q,
+    w_k, w_v), their context times its rows of w_o -> its partial output (B, T, d_model)."""
+    q = attention.rotary(attention.split_heads(attention.w_q(x)))  # (B, H/K, T, d_k)
+    k = attention.rotary(attention.split_heads(attention.w_k(x)))  # (B, H_kv/K, T, d_k)
+    v = attention.split_heads(attention.w_v(x))  # (B, H_kv/K, T, d_k)
+    k, v = repeat_kv(k, attention.groups), repeat_kv(v, attention.groups)  # (B, H/K, T, d_k)
+    context, _ = scaled_dot_product_attention(q, k, v, mask)  # (B, H/K, T, d_k)
+    return attention.merge_heads(context) @ attention.w_o.kernel[...]  # (B, T, d_model)
+
+
+def _feed_forward_slice(ffn, x):
+    """This device's slice of d_ff -> (its partial output (B, T, d_model), the output layer)."""
+    if hasattr(ffn, "w_gate"):
+        hidden = ffn.activation(ffn.w_gate(x)) * ffn.w_up(x)  # (B, T, d_ff/K)
+        return hidden @ ffn.w_down.kernel[...], ffn.w_down  # (B, T, d_model)
+    hidden = ffn.activation(ffn.w_1(x))  # (B, T, d_ff/K)
+    return hidden @ ffn.w_2.kernel[...], ffn.w_2  # (B, T, d_model)
+
+
+__all__ = [
+    "hlo_collectives",
+    "shard_batch",
+    "shard_model",
+    "shard_optimizer",
+    "sharded_loss_and_grads",
+    "sharded_train",
+    "sharding_mesh",
+    "step_collectives",
+    "step_memory",
+    "step_program",
+    "tensor_parallel_block",
+    "weight_spec",
+    "with_whole_weights",
+]

@@ -1,0 +1,325 @@
+"""JAX's sharded step is the single-device step: FSDP, tensor parallel, FSDP x tensor parallel and
+data parallel x tensor parallel (weights placed with ``NamedSharding`` on a ``("data", "model")``
+mesh of simulated CPU devices, jit placing the collectives) on the Llama-style decoder and the
+paper's encoder-decoder give one device's loss and gradients (float64, and float32 for two plans)
+and 20 float64 Adam steps its losses and weights; the tensor-parallel blocks written with
+``shard_map`` give the jit version's output with one all-reduce (the psum); the collectives of the
+compiled step are those NumPy's written-out step names, where XLA's rewrites (counted and explained
+below) allow; a sharded run's checkpoint (whole tensors, canonical names) loads into every backend.
+
+The mesh's devices must be asked for before JAX starts, so one child process
+(``python -m shared_tests.sharding.test_jax_sharding child OUT``) computes everything on 4 simulated
+devices and writes it to a .npz; the tests compare it with one device, computed here while the
+child runs. The models, batches and plans are NumPy's test's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from transformer_backends.tolerances import TOLERANCE, max_relative_difference
+from transformer_run.schedules import warmup_schedule
+from transformer_spec import Config, init_params
+
+from .test_numpy_sharding import CONFIGS, PLANS, STEPS, batch_of, gradient_error, with_biases
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEVICES = 4
+FLOAT32 = {("llama", "tp"), ("paper", "fsdp-x-tp")}  # (model, plan) also run in float32
+CHECKPOINTED = ("llama", "fsdp-x-tp")  # the run whose checkpoint every backend loads
+CHILD_TIMEOUT = 600  # seconds; the child takes ~2 minutes of CPU
+
+
+def params_of(config: Config, dtype: str, adam: bool = False) -> dict[str, np.ndarray]:
+    """The seeded weights with random biases; for Adam's steps the paper's model has no attention
+    biases: the key-projection bias's gradient is zero in exact arithmetic, and Adam turns its
+    rounding noise into updates of about the learning rate, different on each summation order."""
+    if adam:
+        return init_params(config, seed=0, dtype=dtype)
+    return with_biases(init_params(config, seed=0, dtype=dtype))
+
+
+def adam_config(name: str) -> Config:
+    return CONFIGS[name].replace(attention_bias=False) if name == "paper" else CONFIGS[name]
+
+
+def schedule(config: Config):
+    return warmup_schedule(config.d_model, warmup_steps=400, factor=0.5)
+
+
+# ------------------------------------------------------------------------------ the child
+def child(out: str) -> None:
+    """On 4 simulated devices: each plan's loss and gradients, 20 Adam steps (losses, final
+    weights, a checkpoint), the collectives of its compiled step; the shard_map blocks."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import jax_impl
+    from jax_impl import sharding
+    from transformer_run.checkpoint import save_checkpoint
+
+    assert len(jax.devices()) == DEVICES, jax.devices()
+    results, collectives = {}, {}
+    for model_name, config in CONFIGS.items():
+        batch = batch_of(config)
+        for plan_name, plan in PLANS.items():
+            for dtype in ["float64"] + (["float32"] if (model_name, plan_name) in FLOAT32 else []):
+                key = f"{model_name}/{plan_name}/{dtype}"
+                model = jax_impl.build_model(config, params_of(config, dtype))
+                loss, grads = sharding.sharded_loss_and_grads(model, batch, plan)
+                results[f"{key}/loss"] = loss
+                results |= {f"{key}/grad/{name}": grad for name, grad in grads.items()}
+            trained = adam_config(model_name)
+            model = jax_impl.build_model(trained, params_of(trained, "float64", adam=True))
+            collectives[f"{model_name}/{plan_name}"] = sharding.step_collectives(model, batch, plan)
+            key, checkpoint = f"{model_name}/{plan_name}/adam", None
+            if (model_name, plan_name) == CHECKPOINTED:
+
+                def checkpoint(state, model=model, config=trained, run={"plan": plan_name}):  # noqa: B006
+                    save_checkpoint(f"{out}.checkpoint", config, jax_impl.to_params(model), state, run)
+
+            results[f"{key}/losses"] = sharding.sharded_train(
+                model, [batch], STEPS, schedule(trained), plan=plan, checkpoint=checkpoint
+            )
+            results |= {f"{key}/weight/{n}": w for n, w in jax_impl.to_params(model).items()}
+    results |= shard_map_blocks()
+    np.savez(out, **results)
+    pathlib.Path(f"{out}.collectives.json").write_text(json.dumps(collectives))
+
+
+def shard_map_blocks() -> dict[str, np.ndarray]:
+    """The first decoder layer's self-attention (with a causal mask) and feed-forward of both models,
+    tensor parallel over 2 devices: written with shard_map (its output, and the all-reduces of its
+    compiled program), and the plain block under jit with its weights sharded (GSPMD's version)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import jax_impl
+    from jax_impl import sharding
+
+    plan = PLANS["tp"]
+    mesh = sharding.sharding_mesh(plan)
+    results = {}
+    for model_name, config in CONFIGS.items():
+        model = jax_impl.build_model(config, params_of(config, "float64"))
+        layer = model.decoder.layers[0]
+        x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 7, config.d_model)))  # (B, T, d_model)
+        mask = jax_impl.make_causal_mask(7)  # (1, 1, T, T)
+        for block_name, block in (("attention", layer.self_attn), ("ffn", layer.ffn)):
+            key = f"{model_name}/{block_name}"
+            block_mask = mask if block_name == "attention" else None
+            explicit = jax.jit(lambda x, block=block, m=block_mask: sharding.tensor_parallel_block(block, x, mesh, m))
+            compiled = explicit.lower(x).compile()
+            results[f"{key}/shard_map"] = np.asarray(compiled(x))
+            counted = sharding.hlo_collectives(compiled.as_text())
+            results[f"{key}/shard_map-all-reduces"] = counted["all-reduce"]["count"]
+            sharding.shard_model(block, mesh, plan)  # the same weights, sharded: GSPMD's version
+            if block_name == "attention":
+                results[f"{key}/jit"] = np.asarray(nnx.jit(lambda block, x, m=mask: block(x, x, x, m)[0])(block, x))
+            else:
+                results[f"{key}/jit"] = np.asarray(nnx.jit(lambda block, x: block(x))(block, x))
+            sharding.gather(block)
+            results[f"{key}/x"] = np.asarray(x)
+    return results
+
+
+# ------------------------------------------------------------------------------ the tests
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """The child process, started once, and the path of its results."""
+    if importlib.util.find_spec("jax") is None:
+        pytest.skip("jax is not installed")
+    out = tmp_path_factory.mktemp("jax-sharding") / "results.npz"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    inherited = [flag for flag in env.get("XLA_FLAGS", "").split() if flag.startswith("--")]  # xdist's
+    # 4 CPU devices, and XLA's cheaper code generation: compiling is nearly all of the child's time,
+    # and the HLO passes that place the collectives are the same
+    flags = [f"--xla_force_host_platform_device_count={DEVICES}", "--xla_backend_optimization_level=0",
+             "--xla_llvm_disable_expensive_passes=true"]  # fmt: skip
+    env["XLA_FLAGS"] = " ".join([*inherited, *flags])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "shared_tests.sharding.test_jax_sharding", "child", str(out)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    yield process, out
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
+
+
+def results_of(sharded) -> tuple[dict[str, np.ndarray], dict, pathlib.Path]:
+    """Wait for the child: (its arrays, its collectives per plan, its output path); its stderr in
+    the failure if it failed."""
+    process, out = sharded
+    if process.returncode is None:
+        try:
+            stdout, stderr = process.communicate(timeout=CHILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+        process.output = stdout, stderr
+    if process.returncode != 0 or not out.exists():
+        stdout, stderr = getattr(process, "output", ("", ""))
+        raise AssertionError(
+            f"the JAX child exited with {process.returncode}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr[-20000:]}"
+        )
+    collectives = json.loads(pathlib.Path(f"{out}.collectives.json").read_text())
+    return dict(np.load(out)), collectives, out
+
+
+@pytest.mark.parametrize("model_name", list(CONFIGS))
+def test_every_plan_gives_the_single_device_loss_and_gradients(sharded, model_name):
+    import jax_impl
+
+    config, batch = CONFIGS[model_name], batch_of(CONFIGS[model_name])
+    want = {}
+    for dtype in ("float64", "float32"):
+        want[dtype] = jax_impl.loss_and_grads(jax_impl.build_model(config, params_of(config, dtype)), batch)
+    results, _, _ = results_of(sharded)
+    for plan_name in PLANS:
+        for dtype, (want_loss, want_grads) in want.items():
+            key = f"{model_name}/{plan_name}/{dtype}"
+            if dtype == "float32" and (model_name, plan_name) not in FLOAT32:
+                continue
+            assert abs(float(results[f"{key}/loss"]) - want_loss) / want_loss <= TOLERANCE[dtype], key
+            grads = {name: results[f"{key}/grad/{name}"] for name in want_grads}
+            assert all(g.dtype == np.dtype(dtype) for g in grads.values()), key
+            error = gradient_error(grads, want_grads, dtype)
+            assert error <= TOLERANCE[dtype], f"{key}: gradients differ by {error:.2e}"
+
+
+@pytest.mark.parametrize("model_name", list(CONFIGS))
+def test_twenty_float64_adam_steps_give_the_single_device_losses_and_weights(sharded, model_name):
+    """Adam's moments are sharded like the weights; every tensor to 1e-12 of its largest entry."""
+    import jax_impl
+
+    config = adam_config(model_name)
+    single = jax_impl.build_model(config, params_of(config, "float64", adam=True))
+    want_losses = jax_impl.train(single, [batch_of(config)], STEPS, schedule(config))
+    want = jax_impl.to_params(single)
+    results, _, _ = results_of(sharded)
+    for plan_name in PLANS:
+        key = f"{model_name}/{plan_name}/adam"
+        np.testing.assert_allclose(results[f"{key}/losses"], want_losses, rtol=TOLERANCE["float64"], err_msg=key)
+        worst = max(max_relative_difference(results[f"{key}/weight/{name}"], want[name]) for name in want)
+        assert worst <= TOLERANCE["float64"], f"{key}: weights after {STEPS} Adam steps differ by {worst:.2e}"
+
+
+def test_a_sharded_runs_checkpoint_holds_whole_tensors_every_backend_loads(sharded):
+    """The FSDP x tensor parallel run's checkpoint: canonical names, whole tensors, the run's losses;
+    each installed backend loads it and holds the sharded run's final weights."""
+    from transformer_backends.names import BACKENDS
+    from transformer_run.checkpoint import load_checkpoint
+    from transformer_spec import param_schema
+
+    results, _, out = results_of(sharded)
+    model_name, plan_name = CHECKPOINTED
+    key = f"{model_name}/{plan_name}/adam"
+    saved = load_checkpoint(f"{out}.checkpoint")
+    assert saved.state.step == STEPS and saved.run == {"plan": plan_name}
+    assert saved.state.losses == list(results[f"{key}/losses"])
+    assert {n: w.shape for n, w in saved.params.items()} == param_schema(adam_config(model_name))
+    assert {n for n in saved.state.moments} == {f"{m}.{n}" for m in "mv" for n in saved.params}
+    for backend_name in BACKENDS:
+        if importlib.util.find_spec(backend_name) is None:
+            continue
+        impl = importlib.import_module(f"{backend_name}_impl")
+        loaded = impl.to_params(impl.build_model(saved.config, saved.params, "float64"))
+        for name, weight in loaded.items():
+            assert np.array_equal(np.asarray(weight), results[f"{key}/weight/{name}"]), f"{backend_name}: {name}"
+
+
+@pytest.mark.parametrize("model_name", list(CONFIGS))
+def test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_one_all_reduce(sharded, model_name):
+    """Self-attention (grouped-query in the Llama-style decoder: 3 query heads and their 1 key/value
+    head on each device) and the feed-forward, the biases random (added once, after the psum)."""
+    import jax_impl
+
+    config = CONFIGS[model_name]
+    layer = jax_impl.build_model(config, params_of(config, "float64")).decoder.layers[0]
+    results, _, _ = results_of(sharded)
+    x = results[f"{model_name}/attention/x"]
+    want = {
+        "attention": np.asarray(layer.self_attn(x, x, x, jax_impl.make_causal_mask(x.shape[1]))[0]),
+        "ffn": np.asarray(layer.ffn(x)),
+    }
+    for block, output in want.items():
+        for version in ("shard_map", "jit"):
+            error = max_relative_difference(results[f"{model_name}/{block}/{version}"], output)
+            assert error <= TOLERANCE["float64"], f"{model_name} {block}: {version} differs by {error:.2e}"
+        assert int(results[f"{model_name}/{block}/shard_map-all-reduces"]) == 1
+
+
+def tensor_parallel_inputs(config: Config) -> tuple[int, int]:
+    """(the blocks, the column-split projections) of a model: Megatron's forward all-reduces one
+    output per block; in the backward each column-split projection gives its own part of its
+    input's gradient (q, k, v: 3 in a self-attention; the cross-attention's q, and k and v of the
+    memory; w_1, or w_gate and w_up)."""
+    ffn = 2 if config.gated_ffn else 1
+    encoder = config.num_encoder_layers if config.uses_encoder else 0
+    cross = config.num_decoder_layers if config.decoder_has_cross_attention else 0
+    blocks = 2 * (encoder + config.num_decoder_layers) + cross
+    projections = (3 + ffn) * (encoder + config.num_decoder_layers) + 3 * cross
+    return blocks, projections
+
+
+@pytest.mark.parametrize("plan_name", list(PLANS))
+@pytest.mark.parametrize("model_name", list(CONFIGS))
+def test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them(sharded, model_name, plan_name):
+    """XLA's step, read from the compiled program, against NumPy's written-out step. NumPy counts
+    buffers: FSDP gathers one flat buffer per layer before its forward and again before its
+    backward, and reduce-scatters one per layer; Megatron adds a block's input gradients on each
+    device, then all-reduces once. XLA works per tensor, and on the CPU:
+
+    - tensor parallel: the forward's all-reduces are Megatron's, one per block; in the backward XLA
+      all-reduces each column-split projection's part of its input's gradient (q, k and v: 3) and
+      adds them after, where NumPy adds first: one all-reduce per projection, not per block;
+    - data parallel and FSDP: one all-reduce per gradient tensor (NumPy: per layer's buffer), plus
+      the loss's and the target count's, as NumPy's;
+    - FSDP: one all-gather per weight FSDP splits (NumPy: per layer's buffer), once: XLA keeps the
+      whole weight from the forward for the backward, where NumPy gathers it again; and no
+      reduce-scatter: XLA's CPU compiler has no pass that turns an all-reduce followed by each
+      device's slice into a reduce-scatter (its GPU compiler has: ReduceScatterCreator), so each
+      gradient is all-reduced whole, then sliced;
+    - XLA's combiner then packs independent all-reduces into one instruction (counted here per
+      tensor; ``instructions`` holds the other count).
+    """
+    import numpy_impl
+    from numpy_impl.sharding import step_collectives
+    from transformer_run.sharding import plan_weights
+
+    config, plan = adam_config(model_name), PLANS[plan_name]
+    model = numpy_impl.build_model(config, params_of(config, "float64", adam=True))
+    reference = {kind: counted["count"] for kind, counted in step_collectives(model, batch_of(config), plan).items()}
+    _, collectives, _ = results_of(sharded)
+    counted = collectives[f"{model_name}/{plan_name}"]
+    got = {kind: c["count"] for kind, c in counted.items() if c["count"]}  # no other kind either
+    blocks, projections = tensor_parallel_inputs(config)
+    placements = plan_weights(config, plan)
+    want = {}
+    if plan.tensor_parallel > 1:
+        want["all-reduce"] = blocks + projections  # Megatron's forward, XLA's backward per projection
+    if plan.data > 1:
+        want["all-reduce"] = want.get("all-reduce", 0) + len(placements) + 2  # the gradients, loss, count
+    if plan.fsdp > 1:
+        want["all-gather"] = sum(where.fsdp_dim is not None for where in placements.values())
+    assert got == want, f"{model_name} {plan_name}: XLA runs {got}, the explanation says {want} (NumPy: {reference})"
+    if plan.tensor_parallel > 1 and plan.data == 1:  # Megatron's forward in both; NumPy's backward per block
+        cross = config.num_decoder_layers if config.decoder_has_cross_attention else 0
+        assert reference == {"all-reduce": 2 * blocks + cross}
+    if plan.fsdp > 1:
+        assert set(reference) == {"all-gather", "reduce-scatter", "all-reduce"} and "reduce-scatter" not in got
+
+
+if __name__ == "__main__":  # the child: python -m shared_tests.sharding.test_jax_sharding child OUT
+    child(sys.argv[2])
