@@ -171,7 +171,8 @@ def beam_search(
     depend on them. The search ends when every source is done, or at ``max_len``; the answer is
     the best finished hypothesis. The length counts the generated tokens (<eos> included; not
     <bos>, nor a decoder-only model's prompt), as Hugging Face's length penalty counts the
-    tokens after the decoder's input (its start token, or the prompt and ``bos``)."""
+    tokens after the decoder's input (its start token, or the prompt and ``bos``). One difference:
+    the scores here are float64, Hugging Face's float32, so a near-tie may rank otherwise."""
     check_steps(max_len, eos)
     check_beam(beam_size, length_penalty, early_stopping)
     src_ids = host_ids(src_ids)  # (B, T_src)
