@@ -43,6 +43,8 @@ Every backend has the same entry points in ``<backend>_impl/sharding.py``:
         ``train`` with this plan; ``checkpoint(state)`` receives whole tensors under the canonical
         names (``TrainingState``), so a sharded run's checkpoint loads into one device and into
         every backend.
+    sharded_loss_and_grads(model, batch, plan, label_smoothing=0.0) -> (loss, {name: whole gradient})
+        one forward and backward over the devices; the model is not changed.
     step_collectives(model, batch, plan) -> {kind: {"count": n, "bytes": b}}
         the collectives one device runs in one training step, by kind ("all-gather",
         "reduce-scatter", "all-reduce"); bytes: the whole buffer each one works on (an all-gather's
