@@ -247,6 +247,13 @@ def _training_markdown(training: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def _of_limit(row: dict[str, Any]) -> str:
+    """'62% / 71%' of the memory-read limit (median rounds / best rounds), or '' before it was measured."""
+    if "fraction_of_limit" not in row:
+        return ""
+    return f"{100 * row['fraction_of_limit']:.0f}% / {100 * row['best_fraction_of_limit']:.0f}%"
+
+
 def _smollm2_markdown(smollm2: dict[str, Any] | None) -> list[str]:
     if not smollm2:
         return []
@@ -261,10 +268,23 @@ def _smollm2_markdown(smollm2: dict[str, Any] | None) -> list[str]:
         "<= 1 are faster than HF; 'best rounds': the fastest round of each against each other (on a busy "
         "machine, what each does when least disturbed). 'equal to HF': rows whose 64 tokens are HF's, and the "
         "first position where any row differs. torch (ours and HF) runs with torch's default threads "
-        f"({smollm2.get('torch_threads', '?')}). Ours' prefill is two calls: the stepper's start (the prompt but its "
+        f"({smollm2.get('torch_threads', '?')}), and ours once more with one thread (on a busy machine, the "
+        "threads of a parallel op wait for a core another process holds). Ours' prefill is two calls: the "
+        "stepper's start (the prompt but its "
         "last token, filling the cache, no logits) and the first step (the prompt's last token).",
         "",
     ]
+    rate = smollm2.get("read_rate_gb_s")
+    if rate:
+        ways = ", ".join(f"{way} {gb_s:.1f}" for way, gb_s in rate.items() if way != "best")
+        out += [
+            f"The limit: a step reads all {smollm2['weight_bytes'] / 1e6:.0f} MB of weights, so at the machine's "
+            f"best memory-read rate measured in this run, **{rate['best']:.1f} GB/s** ({ways} GB/s; best of 5, "
+            "before and after the rounds), a step that only read its weights would make read rate * batch / "
+            "weight bytes tokens/s; '% of limit' is tokens/s against that (median rounds; best rounds after the "
+            "slash).",
+            "",
+        ]
     rows = []
     for r in smollm2["rows"]:
         ours = r["implementation"].startswith("ours")
@@ -277,10 +297,11 @@ def _smollm2_markdown(smollm2: dict[str, Any] | None) -> list[str]:
             _ratio(r["tokens_per_s_ratio"]) if ours else "", f"{r['best_ratio']:.2f}x" if ours else "",
             f"{r['ms_per_token']:.1f}", f"{r['end_to_end_tokens_per_s']:.1f}",
             _ratio(r["end_to_end_ratio"]) if ours else "", f"{r['prefill_ms']:.0f}",
-            _ratio(r["prefill_ratio"]) if ours else "", equal if ours else "",
+            _ratio(r["prefill_ratio"]) if ours else "", equal if ours else "", _of_limit(r),
         ])  # fmt: skip
     out += _table(["batch", "implementation", "tokens/s", "ours/HF", "best rounds ours/HF", "ms/token",
-                   "end to end tokens/s", "ours/HF", "prefill ms", "ours/HF time", "equal to HF"], rows)  # fmt: skip
+                   "end to end tokens/s", "ours/HF", "prefill ms", "ours/HF time", "equal to HF",
+                   "% of limit"], rows)  # fmt: skip
     fresh = smollm2.get("fresh_process", {})
     if "error" in fresh:
         return [*out, "fresh process (memory, JAX compile): error: " + fresh["error"], ""]

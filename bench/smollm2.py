@@ -24,6 +24,13 @@ The four run interleaved (``bench.timing.interleaved``, a Williams design over r
 and HF both under ``torch.inference_mode()`` as the other torch rows; each ratio is the median
 of the per-round ratios. The generated tokens are compared with HF's before timing.
 
+The limit: at batch 1 a decoding step reads every weight once (the tied table as the output
+projection; the embedding lookup reads one row), and on a CPU that read is the step's time. So
+the section measures the machine's memory-read rate in the same run (``memory_read_rate``:
+~540 MB read by a sum and by a matrix-vector product, in NumPy and torch, best of several,
+before and after the rounds) and reports each implementation's tokens/s as a fraction of
+read rate * B / weight bytes: the tokens/s a step that only read its weights would reach.
+
 In a fresh process (``python -m bench.fresh_process smollm2``): the peak resident memory of
 loading the model into all three backends at once, then JAX's compile times for the cached
 decoding step (the prompt's shape and the one-token shape: two programs), counting XLA
@@ -45,6 +52,8 @@ from .timing import Budget, Candidate, Ratio, interleaved
 PROMPT_LEN, NEW_TOKENS, BATCHES = 32, 64, (1, 8)
 BACKENDS = ("torch", "jax", "numpy")
 HF_LABEL = "HF LlamaForCausalLM.generate (sdpa)"
+ONE_THREAD = "ours (torch, 1 thread)"  # torch's row again with one thread: on a busy machine, the threads
+# of a parallel op wait for cores other processes hold, at each of the step's ~250 parallel ops
 NEVER = -1  # the eos given to our greedy search: no token has this id, so every row runs 64 steps
 
 # Plain English, so that the prompts are ordinary text; 8 windows of 32 tokens each, 24 apart.
@@ -63,6 +72,42 @@ PROMPT_TEXT = (
     "for the sailors who still needed a friend on the dark water."
 )
 WINDOW_STRIDE = 24
+
+
+READ_ELEMENTS = 135_000_000  # float32: 540 MB, SmolLM2-135M's weights, far more than any cache
+READ_COLUMNS = 576  # the matrix-vector product's matrix: (READ_ELEMENTS / 576, 576), SmolLM2's d_model
+
+
+def memory_read_rate(repeats: int = 5) -> dict[str, float]:
+    """The machine's memory-read rate now, GB/s, by four ways of reading READ_ELEMENTS float32
+    numbers, each the best of ``repeats``: a sum (NumPy: one thread; torch: its threads) and a
+    matrix-vector product (NumPy's OpenBLAS; torch's, the matrix laid out as its kernel reads
+    fastest); "best": the fastest of them, the read rate a decoding step could at most reach."""
+    import torch
+
+    array = np.full(READ_ELEMENTS, 1.0, np.float32)  # written once: every page is real memory
+    matrix = array.reshape(-1, READ_COLUMNS)  # (N, 576): x -> matrix @ x reads it all
+    vector = np.ones(READ_COLUMNS, np.float32)
+    tensor = torch.from_numpy(array)  # the same memory
+    row, columns = torch.from_numpy(vector)[None], tensor.view(READ_COLUMNS, -1)  # (1, 576) @ (576, N)
+    ways = {
+        "numpy sum": lambda: array.sum(),
+        "numpy matrix @ vector": lambda: matrix @ vector,
+        "torch sum": lambda: tensor.sum(),
+        "torch vector @ matrix": lambda: row @ columns,
+    }
+    rates = {}
+    with torch.inference_mode():
+        for name, read in ways.items():
+            seconds = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                read()
+                seconds.append(time.perf_counter() - start)
+            rates[name] = array.nbytes / min(seconds) / 1e9
+            if name.startswith("numpy"):
+                time.sleep(0.3)  # let OpenBLAS's spinning threads go to sleep (bench.timing)
+    return rates | {"best": max(rates.values())}
 
 
 def load_smollm2():
@@ -134,9 +179,10 @@ class _PrefillClock:
         return self.stepper.reorder(state, rows)
 
 
-def ours_generation(name: str, impl, model, prompts: np.ndarray, record: list) -> Candidate:
+def ours_generation(name: str, impl, model, prompts: np.ndarray, record: list, threads: int = 0) -> Candidate:
     """Our greedy generation as ``impl.greedy`` runs it (``greedy_decode`` over the cached stepper),
-    the prompt's last token as bos; ``record`` gets (prefill s, total s, tokens) per call."""
+    the prompt's last token as bos; ``record`` gets (prefill s, total s, tokens) per call.
+    ``threads`` (torch): run with that many threads instead of torch's default."""
     from transformer_run.decoding import greedy_decode
 
     def generate():
@@ -151,10 +197,16 @@ def ours_generation(name: str, impl, model, prompts: np.ndarray, record: list) -
         import torch
 
         def run():
-            with torch.inference_mode():  # as every torch row of the benchmark, ours and theirs
-                return generate()
+            default = torch.get_num_threads()
+            torch.set_num_threads(threads or default)
+            try:
+                with torch.inference_mode():  # as every torch row of the benchmark, ours and theirs
+                    return generate()
+            finally:
+                torch.set_num_threads(default)
 
-        return Candidate(f"ours ({name})", name, run, self_timed=True)
+        label = f"ours ({name}, {threads} thread{'s' if threads > 1 else ''})" if threads else f"ours ({name})"
+        return Candidate(label, name, run, self_timed=True)
     return Candidate(f"ours ({name})", name, generate, self_timed=True)
 
 
@@ -221,6 +273,8 @@ def smollm2_section(batches: Sequence[int], budget: Budget) -> dict[str, Any]:
         except ImportError:
             continue  # that framework is not installed: its rows are left out
         models[name] = (impl, impl.build_model(config, params))
+    weight_bytes = sum(array.nbytes for array in params.values())  # read once per step (tied: once)
+    read_rates = [memory_read_rate()]  # GB/s, before the rounds (and after, below)
     rows = []
     for batch in batches:
         prompts = make_prompts(tokenizer, batch)
@@ -228,6 +282,8 @@ def smollm2_section(batches: Sequence[int], budget: Budget) -> dict[str, Any]:
         candidates = [hf_generation(hf, prompts, records[HF_LABEL])]
         candidates += [ours_generation(name, impl, model, prompts, records[f"ours ({name})"])
                        for name, (impl, model) in models.items()]  # fmt: skip
+        if "torch" in models and _torch_threads() > 1:  # threads that wait on each other, or not
+            candidates.append(ours_generation("torch", *models["torch"], prompts, records[ONE_THREAD], threads=1))
         for candidate in candidates:  # warm: every backend touches its weights once; JAX compiles, then runs
             for _ in range(2 if candidate.framework == "jax" else 1):
                 candidate.run()
@@ -259,11 +315,20 @@ def smollm2_section(batches: Sequence[int], budget: Budget) -> dict[str, Any]:
                     "agreement": agreement[label],
                 }
             )
+    read_rates.append(memory_read_rate())
+    rate = {way: max(r[way] for r in read_rates) for way in read_rates[0]}  # GB/s, the best of both
+    for row in rows:  # the limit: a step that only reads its weights, at the best read rate measured
+        row["limit_tokens_per_s"] = rate["best"] * 1e9 * row["batch"] / weight_bytes
+        row["fraction_of_limit"] = row["tokens_per_s"] / row["limit_tokens_per_s"]
+        row["best_fraction_of_limit"] = row["best_tokens_per_s"] / row["limit_tokens_per_s"]
     return {
         "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
         "prompt_len": PROMPT_LEN,
         "new_tokens": NEW_TOKENS,
         "torch_threads": _torch_threads(),
+        "weight_bytes": weight_bytes,
+        "read_rate_gb_s": rate,
+        "read_rates_before_after": read_rates,
         "rows": rows,
         "fresh_process": _fresh_process(batches),
     }

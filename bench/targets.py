@@ -18,6 +18,9 @@ MEMORY_RATIO = 1.5
 SMOLLM2_TORCH, SMOLLM2_JAX, SMOLLM2_NUMPY = 1.0, 1.0, 0.5
 SMOLLM2_COMPILE_S = 5.0
 SMOLLM2_MEMORY_GIB = 4.0
+# ... and at batch 1 every backend decodes at >= 60% of the memory-read limit measured in the same run
+# (read rate / weight bytes: a step that only read its weights once).
+SMOLLM2_LIMIT_FRACTION = 0.6
 
 
 def _binding_ratios(rows: list[dict[str, Any]], section: str) -> list[tuple[str, float, str]]:
@@ -139,12 +142,12 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
 def _smollm2_targets(smollm2: dict[str, Any]) -> list[dict[str, Any]]:
     targets = []
     limits = {
-        "torch": "ours and HF run the same torch ops: 211 matmuls a step (memory-bound at batch 1 and 8: each "
-        "step reads all 540 MB of float32 weights, 113 MB of them the tied output projection), SDPA and the "
-        "cache's concatenations; what differs is a few small ops and the Python around them (a few %), below "
-        "this machine's round-to-round noise. Under load, every op that runs on torch's two threads (matmul, "
-        "SDPA, large copies) waits for a thread whose core another process holds: steps run 5-15x slower than "
-        "on one quiet core, and the rounds scatter (see the bracket)",
+        "torch": "a step is 211 matmuls (memory-bound at batch 1 and 8: each step reads all 540 MB of float32 "
+        "weights, 113 MB of them the tied output projection), SDPA and ~800 small ops; ours lays the weights "
+        "out column by column for decoding (kernels.decoding_layout: this CPU's BLAS reads a one-row product's "
+        "matrix ~1.3x faster so than in nn.Linear's [out, in] rows, which HF reads). Under load, every op that "
+        "runs on torch's two threads (matmul, SDPA) waits for a thread whose core another process holds: "
+        "steps run 5-10x slower than with one thread (the 1-thread row), and the rounds scatter",
         "jax": "XLA compiles the 30 unrolled layers; at batch 1 every matmul has one row, and XLA CPU emits its "
         "own matrix-vector code for each of the step's 271 dots (LLVM IR, ~6 CPU s) where from two rows up "
         "it calls its GEMM library (~2-3 CPU s); that code runs faster per step, so the compiler's choice "
@@ -172,6 +175,26 @@ def _smollm2_targets(smollm2: dict[str, Any]) -> list[dict[str, Any]]:
                                 + f", {c['later_steps_xla_compiles']} compiles after the first step")  # fmt: skip
                 met &= c["first_step"]["compile_s"] <= SMOLLM2_COMPILE_S and c["later_steps_xla_compiles"] == 0
         targets.append({"target": name, "measured": "; ".join(measured), "met": met, "limits": limits[backend]})
+    limited = [r for r in smollm2["rows"] if r["batch"] == 1 and "fraction_of_limit" in r]
+    if limited:
+        rate = smollm2["read_rate_gb_s"]["best"]
+        default = {f"ours ({backend})" for backend in ("torch", "jax", "numpy")}  # not torch's 1-thread row
+        ours = [r for r in limited if r["implementation"] in default]
+        targets.append(
+            {
+                "target": f"SmolLM2 cached greedy at batch 1, float32: every backend >= "
+                f"{100 * SMOLLM2_LIMIT_FRACTION:.0f}% of the memory-read limit measured in the same run",
+                "measured": f"read rate {rate:.1f} GB/s, {smollm2['weight_bytes'] / 1e6:.0f} MB a step: limit "
+                f"{limited[0]['limit_tokens_per_s']:.1f} tokens/s; "
+                + "; ".join(f"{r['implementation']}: {100 * r['fraction_of_limit']:.0f}% ({r['tokens_per_s']:.1f} "
+                            f"tokens/s; best rounds {100 * r['best_fraction_of_limit']:.0f}%)" for r in limited),
+                "met": all(r["fraction_of_limit"] >= SMOLLM2_LIMIT_FRACTION for r in ours),
+                "limits": "the read rate is the best of a sum and a matrix-vector product over 540 MB; a step "
+                "also runs ~1,000 small ops (norms, rotary, attention over the cache, the Python around them) that "
+                "read little but take their time, and on this shared 2-core machine every thread pool waits for "
+                "cores other processes hold",
+            }
+        )  # fmt: skip
     memory = smollm2.get("fresh_process", {}).get("memory")
     if memory:
         peak = memory["peak_mib"] / 1024
