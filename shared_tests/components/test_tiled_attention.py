@@ -11,8 +11,10 @@ import pytest
 
 from numpy_impl.attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
 from numpy_impl.module import enable_grad
+from transformer_spec import init_params
+from transformer_spec.kernels import TILED_FROM_KEYS
 
-from ..cases import DTYPES
+from ..cases import DTYPES, TINY
 from ..tolerances import assert_close
 
 BATCH, HEADS, T_Q, T_K, D_K, D_V = 3, 2, 5, 11, 4, 6  # T_q != T_k, d_k != d_v: no transposes hide
@@ -140,3 +142,49 @@ def test_a_block_size_that_is_not_a_positive_int_is_refused(backend, block_size,
     assert str(raised.value) == message + (str(block_size) if error is ValueError else repr(block_size))
     with pytest.raises(error, match=r"block_size must be a positive int"):
         backend.impl.TiledAttention(block_size)
+
+
+def attention_input_gradients(backend, attention, query, memory, mask, upstream) -> tuple[np.ndarray, ...]:
+    """``attention(query, memory, memory, mask)``'s output, and the gradients of sum(output * upstream)
+    with respect to the query and the memory (its keys and values), each backend's own way."""
+    if backend.name == "numpy":
+        with enable_grad():
+            output, _ = attention(query, memory, memory, mask)
+        (grad_query, grad_key, grad_value), _ = attention.backward(upstream)
+        return output, grad_query, grad_key + grad_value
+    if backend.name == "torch":
+        import torch
+
+        inputs = [torch.from_numpy(x).requires_grad_() for x in (query, memory)]
+        output, _ = attention(inputs[0], inputs[1], inputs[1], torch.from_numpy(mask))
+        grads = torch.autograd.grad(output, inputs, torch.from_numpy(upstream))
+        return tuple(backend.to_numpy(x) for x in (output, *grads))
+    import jax
+
+    def run(q, m):
+        return attention(q, m, m, backend.asarray(mask))[0]
+
+    output, vjp = jax.vjp(run, backend.asarray(query), backend.asarray(memory))
+    return tuple(backend.to_numpy(x) for x in (output, *vjp(backend.asarray(upstream))))
+
+
+def test_gradients_through_the_tiled_kernel_of_a_long_memory_equal_the_written_out_ones(backend):
+    """Over TILED_FROM_KEYS + 37 keys (float64, a query row with no allowed key), with fused kernels
+    and without: JAX's kernel (the tiled attention as a checkpointed lax.scan) and torch's
+    F.scaled_dot_product_attention are differentiated; NumPy's kernel steps aside while
+    gradients are kept."""
+    params = init_params(TINY, seed=5, dtype="float64", component="attention", nonzero_biases=True)
+    attention = backend.build("MultiHeadAttention", TINY, params)
+    rng = np.random.default_rng(4)
+    keys = TILED_FROM_KEYS + 37
+    query, memory = rng.standard_normal((2, 5, TINY.d_model)), rng.standard_normal((2, keys, TINY.d_model))
+    upstream = rng.standard_normal((2, 5, TINY.d_model))
+    mask = rng.random((2, 1, 5, keys)) < 0.5
+    mask[1, :, 2] = False  # one query may look at nothing
+    results = {}
+    for fused in (True, False):
+        with backend.impl.kernels.fused_kernels(fused):
+            results[fused] = attention_input_gradients(backend, attention, query, memory, mask, upstream)
+    for name, got, want in zip(("output", "grad_query", "grad_memory"), results[True], results[False], strict=True):
+        assert np.isfinite(got).all(), name
+        assert_close(got, want, "float64", f"long memory, fused vs written-out: {name}")
