@@ -253,8 +253,9 @@ NOT_COMMUNICATION = ("wait_tensor", "_wrap_tensor_autograd")
 
 
 class CollectiveCounter(TorchDispatchMode):
-    """Counts the collectives this process runs while it is on, by kind: every one of torch's
-    engines reaches the dispatcher as a ``c10d`` or ``_c10d_functional`` op."""
+    """Counts the collectives this process runs while it is on, by kind, with the bytes of the
+    whole buffer each works on (an all-gather's output, a reduce-scatter's input): every one of
+    torch's engines reaches the dispatcher as a ``c10d`` or ``_c10d_functional`` op."""
 
     def __init__(self):
         super().__init__()
@@ -264,8 +265,25 @@ class CollectiveCounter(TorchDispatchMode):
         namespace, name = func.namespace, func._schema.name.split("::")[-1]
         if namespace in ("c10d", "_c10d_functional") and name not in NOT_COMMUNICATION:
             kind = COLLECTIVE_KINDS.get(name, name)
-            self.counts.setdefault(kind, {"count": 0})["count"] += 1
+            entry = self.counts.setdefault(kind, {"count": 0, "bytes": 0})
+            entry["count"] += 1
+            entry["bytes"] += _whole_buffer_bytes(namespace, kind, args)
         return func(*args, **(kwargs or {}))
+
+
+def _whole_buffer_bytes(namespace: str, kind: str, args) -> int:
+    """The bytes a collective's whole buffer holds, from the op's arguments: c10d's ops take
+    (outputs, inputs, ...); the functional ones (input, ...), an all-gather's with the group's
+    size."""
+    if namespace == "_c10d_functional":
+        return _nbytes(args[0]) * (args[1] if kind == "all-gather" else 1)
+    return _nbytes(args[1] if kind == "reduce-scatter" else args[0])
+
+
+def _nbytes(tensors) -> int:
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    return sum(_nbytes(t) for t in tensors)  # a list (of lists) of tensors
 
 
 # ------------------------------------------------------------------------------ entry points

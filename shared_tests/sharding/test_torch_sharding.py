@@ -268,8 +268,8 @@ def extra_backward_all_reduces(config) -> int:
 def check_collectives(results, plan_name: str, model_name: str) -> None:
     """By kind, counted at torch's dispatcher, against NumPy's step on the same plan: FSDP's
     all-gathers (each layer in the forward and again in the backward, the rest once) and
-    reduce-scatters (one per unit), and data parallel's all-reduces (one per unit), exactly; tensor
-    parallel's all-reduces with the extra ones ``parallelize_module`` makes."""
+    reduce-scatters (one per unit), and data parallel's all-reduces (one per unit), exactly, with
+    their bytes; tensor parallel's all-reduces with the extra ones ``parallelize_module`` makes."""
     import numpy_impl
     from numpy_impl.sharding import step_collectives
 
@@ -280,6 +280,9 @@ def check_collectives(results, plan_name: str, model_name: str) -> None:
     if plan.tensor_parallel > 1:
         want["all-reduce"] += extra_backward_all_reduces(config)
     assert {kind: entry["count"] for kind, entry in got.items()} == want, f"{plan_name}/{model_name}"
+    for kind, entry in reference.items():  # the bytes too, but of tensor parallel's all-reduces
+        if not (kind == "all-reduce" and plan.tensor_parallel > 1):
+            assert got[kind]["bytes"] == entry["bytes"], f"{plan_name}/{model_name}: {kind} bytes"
 
 
 def check_fsdp_memory(results, model_name: str) -> None:
