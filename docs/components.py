@@ -486,12 +486,16 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel",
-            "compiled.py: _run, compiled",
+            "compiled.py: _run, compiled, _loss, compiled_train_step, compile_layers",
             "checks.py: readable, to_backend, device_of, token_ids, attention_mask, check_float_inputs, weights_dtype",
         ),
         tests=("*test_models.py::*",),
         notes={
             "_run": "Not needed: runs eagerly, op by op.",
+            "_loss": "Not needed: JAX compiles its whole training step (train.py's _update); NumPy has no compiler.",
+            "compiled_train_step": "Not needed: JAX's train_step is always jit-compiled; NumPy has no compiler.",
+            "compile_layers": "Not needed: JAX's decoding steps are always jit-compiled (generate.py); NumPy has "
+            "no compiler.",
             "device_of": "Not needed: NumPy has one device, and JAX puts new arrays on its default device.",
         },
     ),

@@ -19,6 +19,8 @@ another page needs no change here. The sources, each written by the command that
   (``python -m bench.run --sections smollm2 --out bench/results/smollm2``): the targets table
   of each (``bench.targets``). ``--measure`` does not run the benchmark (half an hour, and it
   wants a quiet machine): run those two commands first.
+* ``bench/results/compiled/latest.json`` (``python -m bench.compiled``): torch.compile and jax.jit
+  beside eager (the ``compiled`` table and the README's ``compiledline``).
 * ``bench/results/tiled/latest.json`` (``python -m bench.tiled``): one long attention in NumPy,
   tiled against plain (the ``tiled`` table).
 
@@ -49,6 +51,7 @@ BENCH = [os.path.join(ROOT, "bench", "results", "latest.json"),
          os.path.join(ROOT, "bench", "results", "smollm2", "latest.json")]  # fmt: skip
 TRAINING = os.path.join(ROOT, "bench", "results", "training", "latest.json")  # python -m bench.lm_training
 TILED = os.path.join(ROOT, "bench", "results", "tiled", "latest.json")  # python -m bench.tiled
+COMPILED = os.path.join(ROOT, "bench", "results", "compiled", "latest.json")  # python -m bench.compiled
 
 # The tests behind docs/parity.json: every component, model, gradient, decoding and training check.
 SUITE_TESTS = ["shared_tests/components/test_components.py", "shared_tests/models/test_models.py",
@@ -185,6 +188,18 @@ def bf16(results: dict[str, Any]) -> str:
     return bf16_markdown(results) + f"\n\nGenerated from `{_source(TRAINING)}` ({results['date']})."
 
 
+def compiled(results: dict[str, Any]) -> str:
+    from bench.compiled import markdown
+
+    return markdown(results)
+
+
+def compiled_line(results: dict[str, Any]) -> str:
+    from bench.compiled import line
+
+    return line(results)
+
+
 def tiled(results: dict[str, Any]) -> str:
     from bench.tiled import markdown
 
@@ -219,7 +234,7 @@ def blocks() -> dict[str, Callable[[], str | None]]:
     parity, oracle = load(PARITY), load(ORACLES)
     bench = [(path, r) for path in BENCH if (r := load(path)) is not None]
     compare_text = open(COMPARE, encoding="utf-8").read() if os.path.exists(COMPARE) else None
-    trained, tiled_runs = load(TRAINING), load(TILED)
+    trained, compiled_runs, tiled_runs = load(TRAINING), load(COMPILED), load(TILED)
     return {
         "agreement": lambda: parity and agreement(parity),
         "gradients": lambda: parity and gradients(parity),
@@ -231,6 +246,8 @@ def blocks() -> dict[str, Callable[[], str | None]]:
         "training": lambda: trained and training(trained),
         "precision": lambda: trained and "bf16" in trained and bf16(trained),
         "tiled": lambda: tiled_runs and tiled(tiled_runs),
+        "compiled": lambda: compiled_runs and compiled(compiled_runs),
+        "compiledline": lambda: compiled_runs and compiled_line(compiled_runs),
     }
 
 
