@@ -30,7 +30,7 @@ from transformer_backends.tolerances import TOLERANCE, max_relative_difference
 from transformer_run.schedules import warmup_schedule
 from transformer_spec import Config, init_params
 
-from .test_numpy_sharding import CONFIGS, PLANS, STEPS, batch_of, gradient_error, with_biases
+from .cases import CONFIGS, PLANS, STEPS, batch_of, gradient_error, with_biases
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEVICES = 4

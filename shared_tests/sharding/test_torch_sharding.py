@@ -28,7 +28,7 @@ import pytest
 from transformer_backends.tolerances import TOLERANCE, max_relative_difference
 from transformer_run.sharding import Plan
 
-from .test_numpy_sharding import CONFIGS, STEPS, batch_of, gradient_error, with_biases
+from .cases import CONFIGS, STEPS, batch_of, gradient_error, with_biases
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GROUPS = {  # processes: {name: plan}

@@ -1,0 +1,56 @@
+"""The models, batches, plans and measures every backend's sharding tests share: each backend's
+sharded step is held to the same single-device numbers on the same inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer_run.batches import encoder_decoder_batch
+from transformer_run.sharding import Plan
+from transformer_spec import Config
+
+from ..helpers import padded_batch
+
+# Sizes every tested degree divides, still unequal to each other (a transposed split cannot hide).
+LLAMA = Config.preset("tiny-llama").replace(d_model=72, num_heads=6, num_kv_heads=2, d_ff=36, tgt_vocab_size=64)
+PAPER = Config.preset("tiny").replace(num_heads=4, d_ff=44, src_vocab_size=48, tgt_vocab_size=40)
+CONFIGS = {"llama": LLAMA, "paper": PAPER}
+PLANS = {
+    "fsdp": Plan(fsdp=2),
+    "tp": Plan(tensor_parallel=2),
+    "fsdp-x-tp": Plan(fsdp=2, tensor_parallel=2),
+    "dp-x-tp": Plan(data_parallel=2, tensor_parallel=2),
+}
+STEPS = 20
+# A gradient that is zero in exact arithmetic (the key-projection bias) is measured against this share
+# of the model's largest gradient rather than its own rounding noise (as in test_data_parallel.py).
+FLOOR = {"float64": 1e-3, "float32": 1e-2}
+
+
+def batch_of(config: Config) -> dict[str, np.ndarray]:
+    if config.kind == "decoder_only":
+        return padded_batch(config)
+    rng = np.random.default_rng(1)
+    src = rng.integers(4, config.src_vocab_size, (8, 6))
+    tgt = np.zeros((8, 8), np.int64)
+    for row, length in enumerate([8, 7, 7, 5, 3, 2, 2, 1]):  # unevenly padded targets
+        tgt[row, :length] = rng.integers(4, config.tgt_vocab_size, length)
+    return encoder_decoder_batch(src, tgt)
+
+
+def with_biases(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The weights with every bias drawn at random: a bias added on the wrong rank, or twice, shows."""
+    rng = np.random.default_rng(2)
+    return {n: p + 0.1 * rng.standard_normal(p.shape).astype(p.dtype) if n.endswith("bias") else p
+            for n, p in params.items()}  # fmt: skip
+
+
+def gradient_error(got: dict[str, np.ndarray], want: dict[str, np.ndarray], dtype: str) -> float:
+    """The worst tensor's max |diff| / max(its max |grad|, FLOOR * the model's max |grad|)."""
+    assert list(got) == list(want)
+    scale = max(float(np.abs(g).max()) for g in want.values())
+    return max(
+        float(np.abs(got[name].astype(np.float64) - want[name]).max())
+        / max(float(np.abs(want[name]).max()), FLOOR[dtype] * scale)
+        for name in want
+    )
