@@ -29,7 +29,12 @@ tensor parallelism out by hand with ``jax.shard_map``, where the one communicati
 ``jax.lax.psum``.
 
 Adam's moments are sharded like their weights (``shard_optimizer``); each device updates its
-shards. A checkpoint is written from whole tensors (``to_params`` and ``training_state`` copy each
+shards. What a device holds at its peak is XLA's plan (``step_memory``): on the CPU it keeps each
+gathered weight from the forward for the backward (FSDP proper gathers it again) and reduces each
+gradient whole before keeping its slice (no reduce-scatter there), so for a moment a device holds
+the whole weights and the whole gradients besides its shards.
+
+A checkpoint is written from whole tensors (``to_params`` and ``training_state`` copy each
 array off the devices, which joins its shards), under the canonical names, so it loads into one
 device and into every backend.
 
