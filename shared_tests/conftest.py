@@ -123,6 +123,11 @@ SLOW = {
         "test_attention_command_draws_the_chosen_layers_and_heads",
     },
     "inputs/test_inputs.py": {"test_records_of_another_model_in_another_thread_do_not_reach_the_trace"},
+    # torch's sharded runs: a group of 2 and one of 4 gloo processes
+    "sharding/test_torch_sharding.py": {
+        "test_fsdp_and_tensor_parallel_over_2_processes_equal_one_device",
+        "test_2d_meshes_and_fsdp_over_4_processes_equal_one_device",
+    },
     # each chapter of the course in a fresh kernel (the real SmolLM2 chapter the longest), JupyterLab in Chromium
     "notebooks/test_notebooks.py": {
         "test_the_chapter_runs_top_to_bottom",
