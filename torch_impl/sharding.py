@@ -307,7 +307,7 @@ def step_collectives(
     model, batch: Mapping[str, Any], plan: Plan, label_smoothing: float = 0.0
 ) -> dict[str, dict[str, int]]:
     """The collectives device 0 runs in one training step (backward and Adam's update), counted
-    by torch's ``CommDebugMode``: {kind: {"count": n}}."""
+    at torch's dispatcher (``CollectiveCounter``): {kind: {"count": n, "bytes": b}}."""
     _check_devices(model, batch, plan)
     return _run(_collectives_rank, model, plan.devices, plan, batch, label_smoothing)
 
@@ -420,7 +420,7 @@ def _train_rank(model, rank, devices, plan, batches, steps, rates, label_smoothi
 
     def save(state: TrainingState) -> None:
         if rank == 0 and keep_states:
-            states.append((state, whole_weights(model)))
+            states.append((state, whole(model)))
         elif rank == 0:
             checkpoint(state)  # reads the whole weights from ``model``
 
@@ -430,8 +430,3 @@ def _train_rank(model, rank, devices, plan, batches, steps, rates, label_smoothi
                         callback if rank == 0 else None, seed, None, save if saving else None,
                         checkpoint_every, whole_state)  # fmt: skip
     return losses, whole(sharded), states
-
-
-def whole_weights(model) -> dict[str, np.ndarray]:
-    """An unsharded model's weights (canonical names and layout)."""
-    return whole(model)
