@@ -20,9 +20,10 @@ AOTAutograd traces the backward pass too, and compiles it with the forward.
 When it recompiles: the shapes are left to torch.compile's default (no dimension is marked
 dynamic by hand). The first call specialises on its shapes; a call whose batch or length
 differs fails a guard and compiles once more with the dimensions that changed made symbolic,
-and that graph then serves every later length (measured by ``bench``: two compilations over
-a run of many lengths). Other dtypes (float64 beside float32) compile separately; inductor
-supports float64 on CPU, so a float64 model compiles as a float32 one does.
+and that graph then serves every later length (measured by ``python -m bench.compiled``: two
+compilations over five lengths, where ``jax.jit`` compiles five). Other dtypes (float64
+beside float32) compile separately; Inductor supports float64 on CPU, and a float64 model
+compiles as a float32 one does (equal to eager to 1e-15).
 
 Why the checks run outside the compiled graph: "is every id in [0, vocab)" reads the ids'
 values, and a value read inside a captured graph breaks it in two (Dynamo's graph break),

@@ -64,3 +64,22 @@ def test_compiled_training_steps_equal_eager_steps():
         assert_close(compiled_weights[name], want, "float64", f"compiled vs eager {name} after 2 steps")
     assert not np.array_equal(eager_weights["decoder.layers.0.self_attn.w_q.weight"], params[
         "decoder.layers.0.self_attn.w_q.weight"])  # the steps did change the weights
+
+
+def test_compiled_decoding_steps_equal_eager_steps():
+    """Cached decoding with the decoder and the output projection compiled (``compile_layers``):
+    a float64 LM's prompt and five steps (the cache growing by one position each) give the eager
+    stepper's logits to 1e-12, step by step."""
+    from torch_impl.compiled import compile_layers
+
+    params = init_params(LM, seed=6, dtype="float64", nonzero_biases=True)
+    prompt = np.random.default_rng(1).integers(3, LM.tgt_vocab_size, size=(2, 4))
+    steppers = [torch_impl.make_stepper(torch_impl.build_model(LM, params)),
+                torch_impl.make_stepper(compile_layers(torch_impl.build_model(LM, params)))]  # fmt: skip
+    states = [stepper.start(prompt, 5) for stepper in steppers]
+    tokens = np.array([1, 2])
+    for position in range(5):
+        eager, states[0] = steppers[0].step(states[0], tokens, position)  # (N, V), ...
+        compiled, states[1] = steppers[1].step(states[1], tokens, position)  # (N, V), ...
+        assert_close(compiled, eager, "float64", f"compiled vs eager logits at step {position}")
+        tokens = eager.argmax(-1)  # greedy, the same tokens fed to both
