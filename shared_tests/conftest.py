@@ -128,6 +128,14 @@ SLOW = {
         "test_fsdp_and_tensor_parallel_over_2_processes_equal_one_device",
         "test_2d_meshes_and_fsdp_over_4_processes_equal_one_device",
     },
+    # JAX's sharded runs: one child process on 4 simulated devices, which every test waits for
+    "sharding/test_jax_sharding.py": {
+        "test_every_plan_gives_the_single_device_loss_and_gradients",
+        "test_twenty_float64_adam_steps_give_the_single_device_losses_and_weights",
+        "test_a_sharded_runs_checkpoint_holds_whole_tensors_every_backend_loads",
+        "test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_one_all_reduce",
+        "test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them",
+    },
     # each chapter of the course in a fresh kernel (the real SmolLM2 chapter the longest), JupyterLab in Chromium
     "notebooks/test_notebooks.py": {
         "test_the_chapter_runs_top_to_bottom",

@@ -22,6 +22,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -134,47 +135,78 @@ def shard_map_blocks() -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------ the tests
+class Child:
+    """The child process, run once per test run: under xdist the first worker to need it starts it
+    (a file created exclusively in the run's shared folder says who did), and the others wait for
+    the record it leaves when the child ends."""
+
+    def __init__(self, folder: pathlib.Path):
+        self.out, self.record, self.process = folder / "results.npz", folder / "ended.json", None
+        try:
+            os.close(os.open(folder / "started", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return  # another worker runs it
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        inherited = [flag for flag in env.get("XLA_FLAGS", "").split() if flag.startswith("--")]  # xdist's
+        # 4 CPU devices, and XLA's cheaper code generation: compiling is nearly all of the child's
+        # time, and the HLO passes that place the collectives are the same
+        flags = [f"--xla_force_host_platform_device_count={DEVICES}", "--xla_backend_optimization_level=0",
+                 "--xla_llvm_disable_expensive_passes=true"]  # fmt: skip
+        env["XLA_FLAGS"] = " ".join([*inherited, *flags])
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "shared_tests.sharding.test_jax_sharding", "child", str(self.out)],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def wait(self) -> dict:
+        """-> {"returncode", "stdout", "stderr"} of the ended child."""
+        if self.process is not None and not self.record.exists():
+            try:
+                stdout, stderr = self.process.communicate(timeout=CHILD_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                stdout, stderr = self.process.communicate()
+            ended = {"returncode": self.process.returncode, "stdout": stdout, "stderr": stderr[-20000:]}
+            self.record.write_text(json.dumps(ended))
+        waited = 0.0
+        while not self.record.exists() and waited < CHILD_TIMEOUT:  # another worker's child
+            time.sleep(1.0)
+            waited += 1.0
+        if not self.record.exists():
+            return {"returncode": None, "stdout": "", "stderr": f"no record after {CHILD_TIMEOUT} s"}
+        return json.loads(self.record.read_text())
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+
+
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
-    """The child process, started once, and the path of its results."""
+    """The child, started (or joined) once for the whole run."""
     if importlib.util.find_spec("jax") is None:
         pytest.skip("jax is not installed")
-    out = tmp_path_factory.mktemp("jax-sharding") / "results.npz"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    inherited = [flag for flag in env.get("XLA_FLAGS", "").split() if flag.startswith("--")]  # xdist's
-    # 4 CPU devices, and XLA's cheaper code generation: compiling is nearly all of the child's time,
-    # and the HLO passes that place the collectives are the same
-    flags = [f"--xla_force_host_platform_device_count={DEVICES}", "--xla_backend_optimization_level=0",
-             "--xla_llvm_disable_expensive_passes=true"]  # fmt: skip
-    env["XLA_FLAGS"] = " ".join([*inherited, *flags])
-    process = subprocess.Popen(
-        [sys.executable, "-m", "shared_tests.sharding.test_jax_sharding", "child", str(out)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    yield process, out
-    if process.poll() is None:
-        process.kill()
-        process.communicate()
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's, across workers
+    folder = shared / "jax-sharding"
+    folder.mkdir(exist_ok=True)
+    child = Child(folder)
+    yield child
+    child.stop()
 
 
-def results_of(sharded) -> tuple[dict[str, np.ndarray], dict, pathlib.Path]:
+def results_of(sharded: Child) -> tuple[dict[str, np.ndarray], dict, pathlib.Path]:
     """Wait for the child: (its arrays, its collectives per plan, its output path); its stderr in
     the failure if it failed."""
-    process, out = sharded
-    if process.returncode is None:
-        try:
-            stdout, stderr = process.communicate(timeout=CHILD_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            stdout, stderr = process.communicate()
-        process.output = stdout, stderr
-    if process.returncode != 0 or not out.exists():
-        stdout, stderr = getattr(process, "output", ("", ""))
+    ended = sharded.wait()
+    if ended["returncode"] != 0 or not sharded.out.exists():
         raise AssertionError(
-            f"the JAX child exited with {process.returncode}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr[-20000:]}"
+            f"the JAX child exited with {ended['returncode']}\n--- stdout ---\n{ended['stdout']}\n"
+            f"--- stderr ---\n{ended['stderr']}"
         )
-    collectives = json.loads(pathlib.Path(f"{out}.collectives.json").read_text())
-    return dict(np.load(out)), collectives, out
+    collectives = json.loads(pathlib.Path(f"{sharded.out}.collectives.json").read_text())
+    return dict(np.load(sharded.out)), collectives, sharded.out
 
 
 @pytest.mark.parametrize("model_name", list(CONFIGS))
