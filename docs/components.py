@@ -689,6 +689,21 @@ PAGES: tuple[Page, ...] = (
             "counted per step (`step_collectives`): the reference the engines' counts are held to. torch runs "
             "one process per device (`fully_shard`, `parallelize_module` on a `DeviceMesh`); JAX places each "
             "weight with a `NamedSharding` and lets the compiler insert the collectives.",
+            "The engines do not run NumPy's collectives one for one, and the suite holds each difference to its "
+            "reason. torch's FSDP runs NumPy's all-gathers and reduce-scatters exactly, in count and bytes; its "
+            "`ColwiseParallel` all-reduces the input gradient of each column-split matrix on its own (q, k and "
+            "v: three) where Megatron and NumPy add the parts first and all-reduce once per block. XLA does the "
+            "same, and more: it all-reduces per tensor where NumPy sends one flat buffer per layer, keeps a "
+            "gathered weight from the forward for the backward instead of gathering it again, packs independent "
+            "all-reduces into one instruction, and on the CPU has no pass that turns an all-reduce followed by "
+            "a slice into a reduce-scatter. Left to itself, GSPMD did not gather FSDP's weights at all: it split "
+            "d_model over `data` and moved the activations with all-to-alls (right numbers, not FSDP); "
+            "`with_whole_weights` asks for each weight whole along `data`, and XLA then gathers it.",
+            "Memory per device under FSDP over 4 devices: torch's processes hold exactly a quarter of the "
+            "weights, gradients and Adam moments (`local_bytes`); NumPy's peak, with one layer's weights and "
+            "gradients gathered, is 0.28 of one device at 12 layers; XLA's plan for JAX's step holds 0.64 of "
+            "one device (`step_memory`), because it keeps every gathered weight from the forward to the backward "
+            "and all-reduces whole gradients before slicing them.",
         ),
         code=(
             "transformer_run/sharding.py: Plan, placement, check_plan, fsdp_units, piece, join",
@@ -696,9 +711,79 @@ PAGES: tuple[Page, ...] = (
             "sharding.py: all_gather, reduce_scatter, all_reduce, _add_up, CollectiveLog",
             "sharding.py: TensorParallelAttention, TensorParallelFeedForward, local_attention, local_feed_forward",
             "sharding.py: Device, ShardedUnit, DataAxis, Replica, ShardedRun, load_whole",
+            "sharding.py: sharding_mesh, shard_model, weight_spec, weight_shardings, tensor_parallel_plan, "
+            "_fsdp_dim, shard_optimizer, shard_batch, _keys, _canonical, _parameter_names, _device, _layers",
+            "sharding.py: with_whole_weights, _loss, _sharded_update, _sharded_loss_and_grads, _compiled_step, "
+            "_checked, _rows, gather, sharded_train_step, sharded_backward, _sum_over, whole, sharded_logits",
+            "sharding.py: _check_devices, _setup, _quiet, _loss_and_grads_rank, _logits_rank, _collectives_rank, "
+            "_train_rank",
+            "sharding.py: hlo_collectives, _group_size, step_program, step_memory, CollectiveCounter, "
+            "_whole_buffer_bytes, _nbytes, local_bytes",
+            "sharding.py: tensor_parallel_block, _attention_heads, _feed_forward_slice",
         ),
         tests=("*sharding*",),
         notes={
+            # placing the weights on the devices
+            "sharding_mesh": "No counterpart: NumPy's devices are simulated in one process, with no mesh.",
+            "shard_model": "No counterpart: NumPy cuts each device's pieces itself (piece, in the plan).",
+            "weight_spec": "No counterpart: torch says the split per module (tensor_parallel_plan, _fsdp_dim); "
+            "NumPy cuts its pieces itself.",
+            "weight_shardings": "No counterpart: as weight_spec.",
+            "tensor_parallel_plan": "No counterpart: JAX names each weight's PartitionSpec (weight_spec); NumPy "
+            "builds its tensor-parallel blocks itself.",
+            "_fsdp_dim": "No counterpart: JAX's PartitionSpec names the dimension (weight_spec); NumPy's plan does.",
+            "shard_optimizer": "No counterpart: torch's Adam follows its DTensor weights; NumPy's runs on each "
+            "device's pieces.",
+            "shard_batch": "No counterpart: each torch process and NumPy data rank takes its own rows.",
+            "_keys": "No counterpart: torch's modules are named by their paths; NumPy's by the schema.",
+            "_canonical": "No counterpart: as _keys.",
+            "_parameter_names": "No counterpart: JAX finds names by the state's paths (_canonical).",
+            "_device": "No counterpart: JAX's mesh names its devices; NumPy has one.",
+            "_layers": "No counterpart: JAX lets the compiler place each layer's collectives; NumPy lists its "
+            "FSDP units in the plan (fsdp_units).",
+            # the step
+            "with_whole_weights": "No counterpart: fully_shard gathers each layer's weights itself; NumPy's "
+            "ShardedUnit does.",
+            "_loss": "No counterpart: torch's step and NumPy's run the loss in their own step functions.",
+            "_sharded_update": "No counterpart: torch's step is sharded_train_step; NumPy's is ShardedRun's.",
+            "_sharded_loss_and_grads": "No counterpart: as _sharded_update.",
+            "_compiled_step": "No counterpart: torch and NumPy run their step eagerly.",
+            "_checked": "No counterpart: torch and NumPy check the batch on its concrete arrays in their step.",
+            "_rows": "No counterpart: as shard_batch.",
+            "gather": "No counterpart: torch gathers with whole (DTensor.full_tensor); NumPy joins its pieces.",
+            "sharded_train_step": "No counterpart: JAX's step is one compiled program (_sharded_update); NumPy's "
+            "is ShardedRun's.",
+            "sharded_backward": "No counterpart: JAX differentiates the whole program; NumPy's backward is each "
+            "unit's.",
+            "_sum_over": "No counterpart: JAX's compiler inserts the all-reduce; NumPy calls all_reduce.",
+            "whole": "No counterpart: JAX gathers with gather; NumPy joins its pieces (join).",
+            "sharded_logits": "No counterpart: JAX's and NumPy's forward run inside sharded_loss_and_grads.",
+            # torch's processes
+            "_check_devices": "No counterpart: JAX's mesh and NumPy's simulated devices exist in this process, "
+            "checked by check_plan.",
+            "_setup": "No counterpart: one process holds every JAX device, and every NumPy one.",
+            "_quiet": "No counterpart: no processes to start.",
+            "_loss_and_grads_rank": "No counterpart: one process holds every device.",
+            "_logits_rank": "No counterpart: one process holds every device.",
+            "_collectives_rank": "No counterpart: one process holds every device.",
+            "_train_rank": "No counterpart: one process holds every device.",
+            # what a step communicates and holds
+            "hlo_collectives": "No counterpart: torch counts the collectives as they run (CollectiveCounter); "
+            "NumPy logs each (CollectiveLog).",
+            "_group_size": "No counterpart: as hlo_collectives.",
+            "step_program": "No counterpart: torch and NumPy run no compiled program.",
+            "step_memory": "No counterpart: torch counts its pieces' bytes (local_bytes); NumPy's Device records "
+            "its peak.",
+            "CollectiveCounter": "No counterpart: JAX reads the compiled program (hlo_collectives); NumPy logs "
+            "each collective (CollectiveLog).",
+            "_whole_buffer_bytes": "No counterpart: as CollectiveCounter.",
+            "_nbytes": "No counterpart: as CollectiveCounter.",
+            "local_bytes": "No counterpart: JAX asks the compiler (step_memory); NumPy's Device records its peak.",
+            # the communication written out
+            "tensor_parallel_block": "No counterpart: torch's DTensors hide the all-reduce; NumPy writes it in "
+            "TensorParallelAttention and TensorParallelFeedForward.",
+            "_attention_heads": "No counterpart: as tensor_parallel_block.",
+            "_feed_forward_slice": "No counterpart: as tensor_parallel_block.",
             "all_gather": "No counterpart: the engine runs the collective between real devices.",
             "reduce_scatter": "No counterpart: the engine runs the collective between real devices.",
             "all_reduce": "No counterpart: the engine runs the collective between real devices.",
