@@ -821,9 +821,9 @@ PAGES: tuple[Page, ...] = (
             "stops, whatever the rest of its batch does, by `early_stopping`, Hugging Face's three rules. "
             "`True`: once it has k finished hypotheses. `False`, the default as in Hugging Face: once, "
             "besides, its best running hypothesis, scored at its current length, cannot beat the worst of "
-            "them (a heuristic: with a positive length penalty a longer one might still have). `\"never\"`: "
-            "once it cannot even scored at `max_len`, the best a continuation can reach when the length "
-            "penalty is positive: the canonical rule, which stops only when nothing can improve.",
+            "them (a heuristic: with a positive length penalty a longer one might still). 'never': once it "
+            "cannot even when scored at `max_len`, the best a continuation can reach when the length penalty "
+            "is positive: the canonical rule, which stops only when nothing can improve.",
             "The uncached stepper re-runs the whole prefix every step; the cached one feeds only the newest "
             "token, whose key and value join each layer's cache. The tests hold the two to each other's "
             "logits in float64 and float32, and every backend to the NumPy reference's tokens.",
