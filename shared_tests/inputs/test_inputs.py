@@ -712,6 +712,13 @@ def _run_threads(*targets, timeout: float = 120.0) -> None:
         raise errors[0]
 
 
+def _kernels_meet_short_inputs(backend) -> bool:
+    """Whether the backend's fused kernels run on these tests' short inputs. JAX's one kernel (the
+    tiled attention) starts at TILED_FROM_KEYS keys, and under jit a kernel's Python runs when a
+    program is traced, not on every call: on short inputs no JAX kernel runs."""
+    return bool(backend.impl.kernels.KERNELS) and backend.name != "jax"
+
+
 @pytest.fixture
 def kernel_threads(backend):
     """Wrap every registered kernel: -> a list of (kernel name, thread id) per call in which it ran."""
@@ -769,7 +776,7 @@ def test_a_trace_holds_only_its_own_threads_records_while_another_thread_runs_th
     for _, logits in outputs:
         np.testing.assert_array_equal(logits, want)
     a_thread, b_thread = traces[0][0], outputs[0][0]
-    if backend.impl.kernels.KERNELS:
+    if _kernels_meet_short_inputs(backend):
         b_runs = [name for name, thread in kernel_threads if thread == b_thread]
         assert b_runs, f"{backend.name}: no fused kernel ran in thread B while thread A traced"
         assert len(b_runs) >= len(outputs), "a call of thread B ran without its fused kernels"
@@ -828,7 +835,7 @@ def test_fused_kernels_blocks_are_per_thread_and_use_fused_kernels_is_process_wi
 
     _run_threads(thread_a, thread_b)
     assert inside_a == [False, False, True] and b_saw == [True]
-    if backend.impl.kernels.KERNELS:
+    if _kernels_meet_short_inputs(backend):
         threads = {thread for _, thread in kernel_threads}
         assert len(threads) == 1, "the kernels ran in thread A's block, or not in thread B"
 
