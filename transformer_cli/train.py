@@ -206,9 +206,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--resume {args.resume}: its config is not the one task {settings['task']!r} trains")
     sharded_train = None
     if plan is not None:
+        # under torchrun the processes exist already: the plan must use exactly WORLD_SIZE of them
+        world = os.environ.get("WORLD_SIZE") if settings["backend"] == "torch" else None
         for batch in batches:
             try:
-                check_plan(config, plan, batch_size(config, batch))
+                check_plan(config, plan, batch_size(config, batch), int(world) if world else None)
             except ValueError as error:
                 raise UsageError(f"{_plan_options(args)}: task {settings['task']}: {error}") from None
         sharded_train = _sharded_train(settings["backend"], args)

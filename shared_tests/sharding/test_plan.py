@@ -116,6 +116,12 @@ def test_a_plan_the_task_cannot_run_is_one_line_and_status_2(capsys, argv, words
     one_line_error(capsys, ["train", "--task", "next-word", "--steps", "1", *argv], *words)
 
 
+def test_under_torchrun_a_plan_for_another_number_of_processes_is_one_line_and_status_2(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")  # torchrun started 3 processes; the plan needs 2
+    argv = ["--backend", "torch", "--heads", "4", "--d-ff", "48", "--fsdp", "2"]
+    one_line_error(capsys, ["train", "--task", "next-word", "--steps", "1", *argv], "--fsdp 2", "2 devices", "3 are")
+
+
 def test_the_train_command_trains_sharded_with_the_single_device_losses(capsys):
     from transformer_cli.main import main
 
