@@ -28,10 +28,10 @@ def _text(notebook) -> str:
     return "\n".join(parts)
 
 
-def test_there_are_seventeen_chapters_in_reading_order():
+def test_there_are_eighteen_chapters_in_reading_order():
     names = [p.stem for p in chapters()]
-    assert len(names) == 17, names
-    assert [n[:2] for n in names] == [f"{i:02d}" for i in range(1, 18)]
+    assert len(names) == 18, names
+    assert [n[:2] for n in names] == [f"{i:02d}" for i in range(1, 19)]
 
 
 @pytest.mark.parametrize("source", chapters(), ids=lambda p: p.stem)
