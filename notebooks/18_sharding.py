@@ -219,9 +219,10 @@ agreement({name: run[3] for name, run in runs.items()})
 #
 # The collectives of the compiled training step (loss, gradients, Adam) on the 2 x 2 mesh, read
 # from the program's text after XLA's passes, next to the NumPy reference's for the same plan.
-# XLA counts differently: it may gather a weight once for the forward and the backward, fuse
-# several collectives into one instruction, and turn a reduce-scatter into an all-reduce
-# followed by a slice on a CPU, so the counts are XLA's choices, not a second reference.
+# XLA counts differently: on the CPU it keeps each weight gathered for the forward until the
+# backward (FSDP proper gathers it again) and reduces each gradient whole before keeping its
+# slice, with no reduce-scatter; it also splits or fuses collectives as it sees fit. Its counts
+# are XLA's choices, not a second reference; the gradients above are what must agree.
 
 # %%
 if "jax" in runs:
