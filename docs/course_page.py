@@ -92,7 +92,7 @@ def course_pages(root: pathlib.Path) -> dict[str, str]:
         )
     bodies["course"] = (
         "<h1>The course</h1>\n<p>One notebook per chapter, in the reading order of the backends' files, and "
-        "three beyond it. Each shows the idea and its equation, every backend's code read from its file as the "
+        "four beyond it. Each shows the idea and its equation, every backend's code read from its file as the "
         "cell runs, the three run on the same weights and compared, and exercises whose checker runs your "
         "function against every backend's own code and names the classic mistake an answer makes. Open them "
         "with <code>jupyter lab notebooks/</code> after <code>python -m transformer_course.build "
