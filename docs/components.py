@@ -693,20 +693,22 @@ PAGES: tuple[Page, ...] = (
             "reason. torch's FSDP runs NumPy's all-gathers and reduce-scatters exactly, in count and bytes; its "
             "`ColwiseParallel` all-reduces the input gradient of each column-split matrix on its own (q, k and "
             "v: three) where Megatron and NumPy add the parts first and all-reduce once per block. XLA does the "
-            "same, and more: it all-reduces per tensor where NumPy sends one flat buffer per layer, keeps a "
-            "gathered weight from the forward for the backward instead of gathering it again, packs independent "
-            "all-reduces into one instruction, and on the CPU has no pass that turns an all-reduce followed by "
-            "a slice into a reduce-scatter. Left to itself, GSPMD did not gather FSDP's weights at all: it split "
-            "d_model over `data` and moved the activations with all-to-alls (right numbers, not FSDP); "
-            "`with_whole_weights` asks for each weight whole along `data`, and XLA then gathers it.",
+            "same, and more: it all-reduces per tensor where NumPy sends one flat buffer per layer, and on the "
+            "CPU has no pass that turns an all-reduce followed by a slice into a reduce-scatter. Left to itself, "
+            "GSPMD did not gather FSDP's weights at all: it split d_model over `data` and moved the activations "
+            "with all-to-alls (right numbers, not FSDP); asked for the whole model at the top of the step, it "
+            "kept every gathered weight from the forward to the backward. So JAX's FSDP wraps each layer from "
+            "outside, as `fully_shard` does (`FullyShardedLayer`): the layer's weights gathered when its input "
+            "exists and again when its gradient arrives (its forward recomputed there, so with tensor parallel "
+            "the blocks' sums run again), each gradient cut to its shard before the layer below runs.",
             "Memory per device under FSDP over 4 devices: torch's processes hold exactly a quarter of the "
             "weights, gradients and Adam moments (`local_bytes`); NumPy's peak, with one layer's weights and "
-            "gradients gathered, is 0.28 of one device at 12 layers; XLA's plan for JAX's step holds 0.69 of "
-            "one device (`step_memory`: its arguments and temporaries, activations included, float32, 12 layers), "
-            "because it keeps every gathered weight from the forward to the backward and all-reduces whole "
-            "gradients before slicing them, the 113 all-reduces packed into 2 instructions at the end of the "
-            "backward, so every whole gradient is alive at once. Rematerialising each layer makes the backward "
-            "gather again (222 all-gathers for 111) but leaves that peak where it is on the CPU.",
+            "gradients gathered, is 0.28 of one device at 12 layers; XLA's plan for JAX's step holds 0.32 "
+            "(`step_memory`: its arguments and temporaries, activations included, float32, 12 layers), the "
+            "rest mostly each gradient all-reduced whole before it is cut. It takes two options of XLA's CPU "
+            "compiler (`COMPILER_OPTIONS`): without them, its schedule runs every layer's second gather at "
+            "the start of the backward and its combiner packs the gradients' all-reduces into one at the end, "
+            "and the step holds 0.69, as much as gathering the whole model at the top of the step.",
         ),
         code=(
             "transformer_run/sharding.py: Plan, placement, check_plan, fsdp_units, piece, join",
@@ -716,7 +718,8 @@ PAGES: tuple[Page, ...] = (
             "sharding.py: Device, ShardedUnit, DataAxis, Replica, ShardedRun, load_whole",
             "sharding.py: sharding_mesh, shard_model, weight_spec, weight_shardings, tensor_parallel_plan, "
             "_fsdp_dim, shard_optimizer, shard_batch, _keys, _canonical, _parameter_names, _device, _layers",
-            "sharding.py: with_whole_weights, _loss, _sharded_update, _sharded_loss_and_grads, _compiled_step, "
+            "sharding.py: with_whole_weights, _whole, FullyShardedLayer, _no_gradient, fully_sharded, _loss, "
+            "_sharded_update, _sharded_loss_and_grads, _compile, _compiled_step, "
             "_checked, _rows, gather, sharded_train_step, sharded_backward, _sum_over, whole, sharded_logits",
             "sharding.py: _check_devices, _setup, _quiet, _loss_and_grads_rank, _logits_rank, _collectives_rank, "
             "_train_rank",
@@ -747,6 +750,12 @@ PAGES: tuple[Page, ...] = (
             # the step
             "with_whole_weights": "No counterpart: fully_shard gathers each layer's weights itself; NumPy's "
             "ShardedUnit does.",
+            "_whole": "No counterpart: as with_whole_weights.",
+            "FullyShardedLayer": "torch: fully_shard (torch's own, applied per layer); NumPy: ShardedUnit.",
+            "_no_gradient": "No counterpart: torch's autograd and NumPy's backward skip what is not trained.",
+            "fully_sharded": "No counterpart: torch wraps the layers once, before training; NumPy's plan lists "
+            "its units (fsdp_units).",
+            "_compile": "No counterpart: torch and NumPy run their step eagerly.",
             "_loss": "No counterpart: torch's step and NumPy's run the loss in their own step functions.",
             "_sharded_update": "No counterpart: torch's step is sharded_train_step; NumPy's is ShardedRun's.",
             "_sharded_loss_and_grads": "No counterpart: as _sharded_update.",

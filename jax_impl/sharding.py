@@ -19,20 +19,27 @@ The batch's rows are split over ``data``. Each weight gets a ``NamedSharding``:
   ``data``, the gradients all-reduced.
 
 Nothing in the model is written for a mesh. The step is train.py's ``_update`` (loss, gradients,
-Adam, one program compiled by ``nnx.jit``) with one line more: ``with_whole_weights`` asks for
-each FSDP-split weight whole along ``data`` where the forward reads it. XLA's SPMD partitioner
-(GSPMD) reads the weights' and the batch's shardings and puts in the collectives the layout
-needs: the all-gathers of FSDP, the all-reduces of Megatron's blocks, the gradients' reductions
+Adam, one program compiled by ``nnx.jit``) on a copy of the model made for the plan
+(``fully_sharded``): with FSDP each encoder and decoder layer is wrapped, from outside, in a
+``FullyShardedLayer``, which gathers that layer's weights whole along ``data`` when its input
+exists, gathers them again when its gradient arrives, and cuts each weight's gradient to its
+shard before the layer below runs, as torch's ``fully_shard`` does per layer; the other weights
+are asked for whole along ``data`` (``with_whole_weights``). XLA's SPMD partitioner (GSPMD) reads
+the weights' and the batch's shardings and puts in the collectives the layout needs: the
+all-gathers of FSDP, the all-reduces of Megatron's blocks, the gradients' reductions
 (``step_collectives`` lists them from the compiled program; the test of the collectives says how
 and why they differ from NumPy's written-out step). ``tensor_parallel_block`` writes one block's
 tensor parallelism out by hand with ``jax.shard_map``, where the one communication is a visible
 ``jax.lax.psum``.
 
 Adam's moments are sharded like their weights (``shard_optimizer``); each device updates its
-shards. What a device holds at its peak is XLA's plan (``step_memory``): on the CPU it keeps each
-gathered weight from the forward for the backward (FSDP proper gathers it again) and reduces each
-gradient whole before keeping its slice (no reduce-scatter there), so for a moment a device holds
-the whole weights and the whole gradients besides its shards.
+shards. What a device holds at its peak is XLA's plan (``step_memory``). On the CPU it needs two
+compiler options for FSDP's memory (``COMPILER_OPTIONS``): its default schedule runs every
+layer's second gather at the start of the backward, and its all-reduce combiner packs all the
+gradients' reductions into one at the end, each keeping a whole copy alive. With them, FSDP over 4
+devices holds 0.32 of one device's weights, gradients and moments on the twelve-layer test case
+(NumPy's written-out step: 0.28); gathering the whole model at the top of the step holds 0.69.
+The CPU compiler has no reduce-scatter: each gradient is all-reduced whole, then sliced.
 
 A checkpoint is written from whole tensors (``to_params`` and ``training_state`` copy each
 array off the devices, which joins its shards), under the canonical names, so it loads into one
@@ -163,39 +170,165 @@ def gather(module: nnx.Module) -> None:
 
 
 # ----------------------------------------------------------------------------- training
-def with_whole_weights(model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan) -> nnx.Module:
+def with_whole_weights(
+    model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan, skip_layers: bool = False
+) -> nnx.Module:
     """Inside a jitted step: a copy of ``model`` whose weights are whole along ``data`` (still
     split along ``model``), so that XLA all-gathers each FSDP-sharded weight before its layer
     uses it; the transpose of that gather reduces the gradient and scatters it back to the shards.
+    ``skip_layers``: the encoder's and decoder's layers left as they are (``fully_sharded``
+    gathers them one at a time).
 
     Without it GSPMD is free to move the activations instead of the weights (it split the
     batch's d_model over ``data`` and exchanged activations with all-to-alls: the same numbers,
     but not FSDP). With ``fsdp`` 1 it changes nothing: the weights are already so."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    along_model = Plan(tensor_parallel=plan.tensor_parallel)
 
     def whole_along_data(path, x):
-        name = _canonical(path)
-        if placement(name, x.shape, plan).fsdp_dim is None:
-            return x  # not split over "data" (a column-split bias): as it is
-        spec = weight_spec(name, x.shape, along_model)  # only the "model" split left
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        if skip_layers and "layers" in _keys(path):
+            return x
+        return _whole(x, _canonical(path), mesh, plan)
 
     params = jax.tree_util.tree_map_with_path(whole_along_data, params)
     return nnx.merge(graphdef, params, rest)
 
 
+def _whole(x: jax.Array, name: str, mesh: jax.sharding.Mesh, plan: Plan) -> jax.Array:
+    """The weight ``name`` asked for whole along ``data`` (an all-gather where FSDP split it)."""
+    if placement(name, x.shape, plan).fsdp_dim is None:
+        return x  # not split over "data" (a column-split bias): as it is
+    spec = weight_spec(name, x.shape, Plan(tensor_parallel=plan.tensor_parallel))  # "model" only
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+# ---------------------------------------------------------------- FSDP: one layer at a time
+class FullyShardedLayer(nnx.Module):
+    """One encoder or decoder layer as an FSDP unit, wrapped from outside (the layer's own code
+    is unchanged), as torch's ``fully_shard`` wraps each layer:
+
+    - forward: the layer's weights are gathered whole along ``data`` only once the layer's input
+      exists (an optimization barrier ties the shards to it, so the gathers are not all hoisted
+      to the start), used, and dropped: only the shards and the layer's input are saved;
+    - backward: the weights are gathered again once the gradient from the layer above arrives
+      (tied to it, so XLA cannot reuse the forward's gather and keep it alive in between), the
+      layer's forward is recomputed for its backward, and each weight's gradient, whole on every
+      device and partial (its rows of the batch), is summed over ``data`` and cut to the
+      device's shard at once, before the layer below runs.
+
+    So a device holds its shards, one layer's whole weights and gradients, and the gradient
+    shards of the layers done, where gathering the whole model at the top of the step keeps
+    every whole weight from the forward to the backward and every whole gradient until Adam."""
+
+    def __init__(self, layer: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan):
+        self.layer, self.mesh, self.plan = layer, mesh, plan
+
+    def __call__(self, x: jax.Array, *args):
+        graphdef, params, rest = nnx.split(self.layer, nnx.Param, ...)
+        named, treedef = jax.tree_util.tree_flatten_with_path(params)
+        shards = [weight for _, weight in named]
+        names = tuple(_canonical(path) for path, _ in named)
+        at = [i for i, arg in enumerate(args) if isinstance(arg, jax.Array)]  # masks, memory
+
+        def forward(weights, x, arrays, rest):  # the layer, on given weights and arrays
+            full = list(args)
+            for i, array in zip(at, arrays, strict=True):
+                full[i] = array
+            layer = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, weights), rest)
+            return layer(x, *full), nnx.state(layer, nnx.Not(nnx.Param))  # the streams it advanced
+
+        def gathered(weights, after):
+            weights, _ = jax.lax.optimization_barrier((weights, after))  # not before ``after``
+            return [
+                _whole(w, name, self.mesh, self.plan)
+                for w, name in zip(weights, names, strict=True)
+            ]
+
+        def to_shards(gradients):  # summed over "data" (whole), then cut to this device's shard
+            summed = [
+                _whole(g, name, self.mesh, self.plan)
+                for g, name in zip(gradients, names, strict=True)
+            ]
+            return [
+                jax.lax.with_sharding_constraint(g, NamedSharding(self.mesh, spec))
+                for g, spec in zip(summed, self.specs(names, shards), strict=True)
+            ]
+
+        @jax.custom_vjp
+        def run(weights, x, arrays, rest):
+            return forward(gathered(weights, x), x, arrays, rest)
+
+        def run_forward(weights, x, arrays, rest):
+            return run(weights, x, arrays, rest), (weights, x, arrays, rest)
+
+        def run_backward(saved, cotangents):
+            weights, x, arrays, rest = saved
+            d_out, _ = cotangents
+            whole = gathered(weights, d_out)  # gathered again, now that the gradient is here
+            _, pullback = jax.vjp(lambda w, x, a: forward(w, x, a, rest)[0], whole, x, arrays)
+            d_weights, d_x, d_arrays = pullback(d_out)
+            return to_shards(d_weights), d_x, d_arrays, jax.tree.map(_no_gradient, rest)
+
+        run.defvjp(run_forward, run_backward)
+        out, streams = run(shards, x, tuple(args[i] for i in at), rest)
+        nnx.update(self.layer, streams)
+        return out
+
+    def specs(self, names: Sequence[str], weights: Sequence[jax.Array]) -> list[P]:
+        return [
+            weight_spec(name, w.shape, self.plan) for name, w in zip(names, weights, strict=True)
+        ]
+
+
+def _no_gradient(x: jax.Array):
+    """The zero cotangent of a non-trainable input (a buffer, a random stream's key or count)."""
+    if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact):
+        return jax.numpy.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
+def fully_sharded(
+    model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan
+) -> tuple[nnx.Module, Callable]:
+    """Inside a jitted step: a copy of ``model`` for the plan's forward pass: with FSDP, each
+    encoder and decoder layer a ``FullyShardedLayer`` and the other weights (embeddings, final
+    norms, output projection) whole along ``data``; without, ``with_whole_weights``. -> (the
+    copy, a function that puts the layers back, to be called after the forward)."""
+    if plan.fsdp == 1:
+        return with_whole_weights(model, mesh, plan), lambda: None
+    whole = with_whole_weights(model, mesh, plan, skip_layers=True)
+    stacks = [getattr(whole, name) for name in ("encoder", "decoder") if getattr(whole, name, None)]
+    for stack in stacks:
+        stack.layers = nnx.List([FullyShardedLayer(layer, mesh, plan) for layer in stack.layers])
+
+    def unwrap():
+        for stack in stacks:
+            stack.layers = nnx.List([unit.layer for unit in stack.layers])
+
+    return whole, unwrap
+
+
 def _loss(model, inputs: tuple, targets, label_smoothing: float, mesh, plan: Plan):
-    whole = with_whole_weights(model, mesh, plan)
+    whole, unwrap = fully_sharded(model, mesh, plan)
     with inputs_checked():  # checked eagerly, before the jit
         logits = whole(*inputs).logits  # (B, T, V), the batch's rows split over "data"
+    unwrap()
     keep_random_streams(model, whole)  # the dropout streams it advanced
     return cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()
 
 
+# XLA's CPU compiler, told to plan for memory: its default schedule runs independent work early
+# (every layer's gather at the start of the backward), and its all-reduce combiner packs the
+# gradients' reductions into one at the end of the backward, so every whole gradient is alive at
+# once. Other compilers ignore these options.
+COMPILER_OPTIONS = {
+    "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+    "xla_disable_hlo_passes": "cpu-all-reduce-combiner",
+}
+
+
 @nnx.jit(static_argnames=("label_smoothing", "mesh", "plan"))
 def _sharded_update(model, optimizer, inputs, targets, label_smoothing, mesh, plan):
-    """train.py's ``_update`` with ``with_whole_weights``: loss, gradients and Adam, one program."""
+    """train.py's ``_update`` on the plan's model: loss, gradients and Adam, one program."""
     loss, grads = nnx.value_and_grad(_loss)(model, inputs, targets, label_smoothing, mesh, plan)
     optimizer.update(model, grads)  # each device updates its shards with its shards
     return loss
@@ -204,6 +337,13 @@ def _sharded_update(model, optimizer, inputs, targets, label_smoothing, mesh, pl
 @nnx.jit(static_argnames=("label_smoothing", "mesh", "plan"))
 def _sharded_loss_and_grads(model, inputs, targets, label_smoothing, mesh, plan):
     return nnx.value_and_grad(_loss)(model, inputs, targets, label_smoothing, mesh, plan)
+
+
+def _compile(step, *args, label_smoothing: float, mesh, plan: Plan):
+    """``step`` (one of the two above) compiled ahead of time with ``COMPILER_OPTIONS``: the
+    compiled program is called with the same nnx objects and arrays, without the static ones."""
+    lowered = step.lower(*args, label_smoothing, mesh, plan)
+    return lowered.compile(compiler_options=COMPILER_OPTIONS)
 
 
 def _checked(model, batch: Mapping[str, Any]) -> tuple[tuple, jax.Array]:
@@ -224,7 +364,9 @@ def sharded_loss_and_grads(
     shard_model(model, mesh, plan)
     try:
         inputs, targets = _checked(model, shard_batch(batch, mesh))
-        loss, grads = _sharded_loss_and_grads(model, inputs, targets, label_smoothing, mesh, plan)
+        step = _compile(_sharded_loss_and_grads, model, inputs, targets,
+                        label_smoothing=label_smoothing, mesh=mesh, plan=plan)  # fmt: skip
+        loss, grads = step(model, inputs, targets)
         # the gradients, shaped like the Params, read out through to_params (whole, canonical)
         graphdef, _, others = nnx.split(model, nnx.Param, ...)
         return float(loss), to_params(nnx.merge(graphdef, grads, others))
@@ -255,12 +397,19 @@ def sharded_train(
     shard_model(model, mesh, plan)
     shard_optimizer(optimizer, mesh, plan)
     sharded = [shard_batch(batch, mesh) for batch in batches]  # placed once, read every pass
+    programs: dict[tuple, Any] = {}  # compiled once for each shape of batch (and smoothing)
 
     def step(model, optimizer: Adam, batch, label_smoothing: float = 0.0) -> float:
         inputs, targets = _checked(model, batch)
         optimizer.set_learning_rate()
         adam = optimizer.optimizer
-        return float(_sharded_update(model, adam, inputs, targets, label_smoothing, mesh, plan))
+        key = (tuple(np.shape(x) for x in jax.tree.leaves((inputs, targets))), label_smoothing)
+        if key not in programs:
+            programs[key] = _compile(
+                _sharded_update, model, adam, inputs, targets,
+                label_smoothing=label_smoothing, mesh=mesh, plan=plan,
+            )  # fmt: skip
+        return float(programs[key](model, adam, inputs, targets))
 
     try:
         return train_loop(
@@ -356,7 +505,9 @@ def _compiled_step(model, batch: Mapping[str, Any], plan: Plan):
     try:
         inputs, targets = _checked(model, shard_batch(batch, mesh))
         adam = optimizer.optimizer
-        return _sharded_update.lower(model, adam, inputs, targets, 0.0, mesh, plan).compile()
+        return _compile(
+            _sharded_update, model, adam, inputs, targets, label_smoothing=0.0, mesh=mesh, plan=plan
+        )
     finally:
         gather(model)
 
@@ -428,6 +579,8 @@ __all__ = [
     "step_collectives",
     "step_memory",
     "step_program",
+    "FullyShardedLayer",
+    "fully_sharded",
     "tensor_parallel_block",
     "weight_spec",
     "with_whole_weights",

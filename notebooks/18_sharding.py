@@ -219,10 +219,11 @@ agreement({name: run[3] for name, run in runs.items()})
 #
 # The collectives of the compiled training step (loss, gradients, Adam) on the 2 x 2 mesh, read
 # from the program's text after XLA's passes, next to the NumPy reference's for the same plan.
-# XLA counts differently: on the CPU it keeps each weight gathered for the forward until the
-# backward (FSDP proper gathers it again) and reduces each gradient whole before keeping its
-# slice, with no reduce-scatter; it also splits or fuses collectives as it sees fit. Its counts
-# are XLA's choices, not a second reference; the gradients above are what must agree.
+# XLA counts per tensor where NumPy sends one buffer per layer. JAX's FSDP gathers each layer's
+# weights before its forward and again before its backward, as NumPy's does, and recomputes the
+# layer's forward there (so with tensor parallel the blocks' sums run again); on the CPU it
+# reduces each gradient whole before keeping its slice, with no reduce-scatter. Its counts are
+# XLA's choices, not a second reference; the gradients above are what must agree.
 
 # %%
 if "jax" in runs:
