@@ -243,14 +243,10 @@ class FullyShardedLayer(nnx.Module):
                 for w, name in zip(weights, names, strict=True)
             ]
 
-        def to_shards(gradients):  # summed over "data" (whole), then cut to this device's shard
-            summed = [
-                _whole(g, name, self.mesh, self.plan)
-                for g, name in zip(gradients, names, strict=True)
-            ]
+        def to_shards(gradients):  # summed over "data" and cut to this device's shard
             return [
                 jax.lax.with_sharding_constraint(g, NamedSharding(self.mesh, spec))
-                for g, spec in zip(summed, self.specs(names, shards), strict=True)
+                for g, spec in zip(gradients, self.specs(names, shards), strict=True)
             ]
 
         @jax.custom_vjp
