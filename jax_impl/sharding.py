@@ -19,17 +19,17 @@ The batch's rows are split over ``data``. Each weight gets a ``NamedSharding``:
   ``data``, the gradients all-reduced.
 
 Nothing in the model is written for a mesh. The step is train.py's ``_update`` (loss, gradients,
-Adam, one program compiled by ``nnx.jit``) on a copy of the model made for the plan
-(``fully_sharded``): with FSDP each encoder and decoder layer is wrapped, from outside, in a
-``FullyShardedLayer``, which gathers that layer's weights whole along ``data`` when its input
-exists, gathers them again when its gradient arrives, and cuts each weight's gradient to its
-shard before the layer below runs, as torch's ``fully_shard`` does per layer; the other weights
-are asked for whole along ``data`` (``with_whole_weights``). XLA's SPMD partitioner (GSPMD) reads
-the weights' and the batch's shardings and puts in the collectives the layout needs: the
+Adam, one program compiled by ``nnx.jit``, ahead of time with ``COMPILER_OPTIONS``) on a copy of the
+model made for the plan (``fully_sharded``): with FSDP each encoder and decoder layer is wrapped,
+from outside, in a ``FullyShardedLayer``, which gathers that layer's weights whole along ``data``
+when its input exists, gathers them again when its gradient arrives, and cuts each weight's gradient
+to its shard before the layer below runs, as torch's ``fully_shard`` does per layer; the other
+weights are asked for whole along ``data`` (``with_whole_weights``). XLA's SPMD partitioner (GSPMD)
+reads the weights' and the batch's shardings and puts in the collectives the layout needs: the
 all-gathers of FSDP, the all-reduces of Megatron's blocks, the gradients' reductions
-(``step_collectives`` lists them from the compiled program; the test of the collectives says how
-and why they differ from NumPy's written-out step). ``tensor_parallel_block`` writes one block's
-tensor parallelism out by hand with ``jax.shard_map``, where the one communication is a visible
+(``step_collectives`` lists them from the compiled program; the test of the collectives says how and
+why they differ from NumPy's written-out step). ``tensor_parallel_block`` writes one block's tensor
+parallelism out by hand with ``jax.shard_map``, where the one communication is a visible
 ``jax.lax.psum``.
 
 Adam's moments are sharded like their weights (``shard_optimizer``); each device updates its
@@ -226,7 +226,10 @@ class FullyShardedLayer(nnx.Module):
         graphdef, params, rest = nnx.split(self.layer, nnx.Param, ...)
         named, treedef = jax.tree_util.tree_flatten_with_path(params)
         shards = [weight for _, weight in named]
-        names = tuple(_canonical(path) for path, _ in named)
+        names = [_canonical(path) for path, _ in named]
+        specs = [
+            weight_spec(name, w.shape, self.plan) for name, w in zip(names, shards, strict=True)
+        ]
         at = [i for i, arg in enumerate(args) if isinstance(arg, jax.Array)]  # masks, memory
 
         def forward(weights, x, arrays, rest):  # the layer, on given weights and arrays
@@ -246,7 +249,7 @@ class FullyShardedLayer(nnx.Module):
         def to_shards(gradients):  # summed over "data" and cut to this device's shard
             return [
                 jax.lax.with_sharding_constraint(g, NamedSharding(self.mesh, spec))
-                for g, spec in zip(gradients, self.specs(names, shards), strict=True)
+                for g, spec in zip(gradients, specs, strict=True)
             ]
 
         @jax.custom_vjp
@@ -269,11 +272,6 @@ class FullyShardedLayer(nnx.Module):
         nnx.update(self.layer, streams)
         return out
 
-    def specs(self, names: Sequence[str], weights: Sequence[jax.Array]) -> list[P]:
-        return [
-            weight_spec(name, w.shape, self.plan) for name, w in zip(names, weights, strict=True)
-        ]
-
 
 def _no_gradient(x: jax.Array):
     """The zero cotangent of a non-trainable input (a buffer, a random stream's key or count)."""
@@ -292,7 +290,11 @@ def fully_sharded(
     if plan.fsdp == 1:
         return with_whole_weights(model, mesh, plan), lambda: None
     whole = with_whole_weights(model, mesh, plan, skip_layers=True)
-    stacks = [getattr(whole, name) for name in ("encoder", "decoder") if getattr(whole, name, None)]
+    stacks = [
+        getattr(whole, name)
+        for name in ("encoder", "decoder")
+        if getattr(whole, name, None) is not None
+    ]
     for stack in stacks:
         stack.layers = nnx.List([FullyShardedLayer(layer, mesh, plan) for layer in stack.layers])
 
@@ -315,7 +317,7 @@ def _loss(model, inputs: tuple, targets, label_smoothing: float, mesh, plan: Pla
 # XLA's CPU compiler, told to plan for memory: its default schedule runs independent work early
 # (every layer's gather at the start of the backward), and its all-reduce combiner packs the
 # gradients' reductions into one at the end of the backward, so every whole gradient is alive at
-# once. Other compilers ignore these options.
+# once. Both are settings of the CPU compiler (an xla_cpu_ option, a pass of the CPU pipeline).
 COMPILER_OPTIONS = {
     "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
     "xla_disable_hlo_passes": "cpu-all-reduce-combiner",
@@ -565,6 +567,9 @@ def _feed_forward_slice(ffn, x):
 
 
 __all__ = [
+    "COMPILER_OPTIONS",
+    "FullyShardedLayer",
+    "fully_sharded",
     "hlo_collectives",
     "shard_batch",
     "shard_model",
@@ -575,8 +580,6 @@ __all__ = [
     "step_collectives",
     "step_memory",
     "step_program",
-    "FullyShardedLayer",
-    "fully_sharded",
     "tensor_parallel_block",
     "weight_spec",
     "with_whole_weights",
