@@ -690,11 +690,15 @@ PAGES: tuple[Page, ...] = (
             "one process per device (`fully_shard`, `parallelize_module` on a `DeviceMesh`); JAX places each "
             "weight with a `NamedSharding` and lets the compiler insert the collectives.",
             "The engines do not run NumPy's collectives one for one, and the suite holds each difference to its "
-            "reason. torch's FSDP runs NumPy's all-gathers and reduce-scatters exactly, in count and bytes; its "
-            "`ColwiseParallel` all-reduces the input gradient of each column-split matrix on its own (q, k and "
-            "v: three) where Megatron and NumPy add the parts first and all-reduce once per block. XLA does the "
-            "same, and more: it all-reduces per tensor where NumPy sends one flat buffer per layer, and on the "
-            "CPU has no pass that turns an all-reduce followed by a slice into a reduce-scatter. Left to itself, "
+            "reason. torch runs NumPy's exactly, in count and bytes: FSDP's all-gathers and reduce-scatters, and "
+            "Megatron's all-reduces, once `BlockInput` makes each distinct input of a block one DTensor (alone, "
+            "`ColwiseParallel` makes each column-split matrix's input its own and all-reduces each part of its "
+            "gradient: q, k and v, three where Megatron adds the parts and all-reduces once). JAX runs each "
+            "tensor-parallel block in `shard_map` (`TensorParallelBlock`: the block's own code on each device's "
+            "shards, `pcast` at the entrance and `psum` at the exit), so its all-reduces are Megatron's too; "
+            "left to GSPMD, it all-reduced each projection's part. For FSDP, XLA works per tensor where NumPy "
+            "sends one flat buffer per layer, and on the CPU has no pass that turns an all-reduce followed by a "
+            "slice into a reduce-scatter. Left to itself, "
             "GSPMD did not gather FSDP's weights at all: it split d_model over `data` and moved the activations "
             "with all-to-alls (right numbers, not FSDP); asked for the whole model at the top of the step, it "
             "kept every gathered weight from the forward to the backward. So JAX's FSDP wraps each layer from "
@@ -725,7 +729,8 @@ PAGES: tuple[Page, ...] = (
             "_train_rank",
             "sharding.py: hlo_collectives, _group_size, step_program, step_memory, CollectiveCounter, "
             "_whole_buffer_bytes, _nbytes, local_bytes",
-            "sharding.py: tensor_parallel_block, _attention_heads, _feed_forward_slice",
+            "sharding.py: TensorParallelBlock, BlockInput, _closing_linear, _drops, _fold_streams, tensor_parallel_blocks, "
+            "tensor_parallel_block",
         ),
         tests=("*sharding*",),
         notes={
@@ -792,10 +797,17 @@ PAGES: tuple[Page, ...] = (
             "_nbytes": "No counterpart: as CollectiveCounter.",
             "local_bytes": "No counterpart: JAX asks the compiler (step_memory); NumPy's Device records its peak.",
             # the communication written out
-            "tensor_parallel_block": "No counterpart: torch's DTensors hide the all-reduce; NumPy writes it in "
-            "TensorParallelAttention and TensorParallelFeedForward.",
-            "_attention_heads": "No counterpart: as tensor_parallel_block.",
-            "_feed_forward_slice": "No counterpart: as tensor_parallel_block.",
+            "TensorParallelBlock": "torch: BlockInput, with ColwiseParallel and RowwiseParallel (DTensors hide "
+            "the all-reduces); NumPy: TensorParallelAttention and TensorParallelFeedForward.",
+            "BlockInput": "JAX: TensorParallelBlock's pcast at the block's entrance; NumPy: the blocks' backward, "
+            "which adds the parts of an input's gradient before its all-reduce.",
+            "_drops": "No counterpart: torch's dropout draws from one global generator, which needs no update.",
+            "_closing_linear": "No counterpart: torch's RowwiseParallel adds the bias after its all-reduce; "
+            "NumPy's blocks hold it apart (output_bias).",
+            "_fold_streams": "No counterpart: each torch process draws from its own generator.",
+            "tensor_parallel_blocks": "No counterpart: torch's parallelize_module wraps the blocks once, before "
+            "training; NumPy's run builds its blocks.",
+            "tensor_parallel_block": "No counterpart: one block run as a TensorParallelBlock, for the course.",
             "all_gather": "No counterpart: the engine runs the collective between real devices.",
             "reduce_scatter": "No counterpart: the engine runs the collective between real devices.",
             "all_reduce": "No counterpart: the engine runs the collective between real devices.",

@@ -24,13 +24,14 @@ model made for the plan (``fully_sharded``): with FSDP each encoder and decoder 
 from outside, in a ``FullyShardedLayer``, which gathers that layer's weights whole along ``data``
 when its input exists, gathers them again when its gradient arrives, and cuts each weight's gradient
 to its shard before the layer below runs, as torch's ``fully_shard`` does per layer; the other
-weights are asked for whole along ``data`` (``with_whole_weights``). XLA's SPMD partitioner (GSPMD)
-reads the weights' and the batch's shardings and puts in the collectives the layout needs: the
-all-gathers of FSDP, the all-reduces of Megatron's blocks, the gradients' reductions
+weights are asked for whole along ``data`` (``with_whole_weights``). With tensor parallel each
+attention and feed-forward block is wrapped, from outside, in a ``TensorParallelBlock``: the block's
+own code in ``jax.shard_map`` over ``model``, on each device's shards, with Megatron's two
+communications written out (``pcast`` at the entrance, whose transpose all-reduces the input's
+gradient once; ``psum`` at the exit). XLA's SPMD partitioner (GSPMD) reads the weights' and the
+batch's shardings and puts in the rest: the all-gathers of FSDP, the gradients' reductions
 (``step_collectives`` lists them from the compiled program; the test of the collectives says how and
-why they differ from NumPy's written-out step). ``tensor_parallel_block`` writes one block's tensor
-parallelism out by hand with ``jax.shard_map``, where the one communication is a visible
-``jax.lax.psum``.
+why they differ from NumPy's written-out step).
 
 Adam's moments are sharded like their weights (``shard_optimizer``); each device updates its
 shards. What a device holds at its peak is XLA's plan (``step_memory``). On the CPU it needs two
@@ -66,9 +67,9 @@ from transformer_run.sharding import Plan, check_plan, placement
 from transformer_run.train import train_loop
 from transformer_spec.checks import inputs_checked
 
-from .attention import repeat_kv, scaled_dot_product_attention
 from .checks import check_token_ids
-from .layers import seed_dropout
+from .kernels import fused_kernels
+from .layers import Dropout, seed_dropout
 from .loss import cross_entropy
 from .mixed_precision import keep_random_streams
 from .optim import Adam
@@ -236,8 +237,16 @@ class FullyShardedLayer(nnx.Module):
             full = list(args)
             for i, array in zip(at, arrays, strict=True):
                 full[i] = array
+            # the streams as new variables of this trace (the backward's recomputation advances
+            # them from the state they had before the forward: the forward's masks again)
+            rest = jax.tree.map(lambda value: value, rest)
             layer = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, weights), rest)
-            return layer(x, *full), nnx.state(layer, nnx.Not(nnx.Param))  # the streams it advanced
+            unwrap = lambda: None  # noqa: E731
+            if self.plan.tensor_parallel > 1:
+                unwrap = tensor_parallel_blocks(layer, self.mesh)
+            out = layer(x, *full)
+            unwrap()
+            return out, nnx.state(layer, nnx.Not(nnx.Param))  # the streams it advanced
 
         def gathered(weights, after):
             weights, _ = jax.lax.optimization_barrier((weights, after))  # not before ``after``
@@ -285,22 +294,30 @@ def fully_sharded(
 ) -> tuple[nnx.Module, Callable]:
     """Inside a jitted step: a copy of ``model`` for the plan's forward pass: with FSDP, each
     encoder and decoder layer a ``FullyShardedLayer`` and the other weights (embeddings, final
-    norms, output projection) whole along ``data``; without, ``with_whole_weights``. -> (the
-    copy, a function that puts the layers back, to be called after the forward)."""
-    if plan.fsdp == 1:
-        return with_whole_weights(model, mesh, plan), lambda: None
-    whole = with_whole_weights(model, mesh, plan, skip_layers=True)
+    norms, output projection) whole along ``data``; without, ``with_whole_weights``; with tensor
+    parallel, each attention and feed-forward block a ``TensorParallelBlock`` (under FSDP, the
+    layer's unit wraps its blocks when it runs). -> (the copy, a function that puts the layers
+    and blocks back, to be called after the forward)."""
+    whole = with_whole_weights(model, mesh, plan, skip_layers=plan.fsdp > 1)
     stacks = [
         getattr(whole, name)
         for name in ("encoder", "decoder")
         if getattr(whole, name, None) is not None
     ]
-    for stack in stacks:
-        stack.layers = nnx.List([FullyShardedLayer(layer, mesh, plan) for layer in stack.layers])
+    blocks = []  # their unwrap functions
+    if plan.fsdp > 1:
+        for stack in stacks:
+            units = [FullyShardedLayer(layer, mesh, plan) for layer in stack.layers]
+            stack.layers = nnx.List(units)
+    elif plan.tensor_parallel > 1:
+        blocks = [tensor_parallel_blocks(layer, mesh) for stack in stacks for layer in stack.layers]
 
     def unwrap():
+        for unwrap_blocks in blocks:
+            unwrap_blocks()
         for stack in stacks:
-            stack.layers = nnx.List([unit.layer for unit in stack.layers])
+            if plan.fsdp > 1:
+                stack.layers = nnx.List([unit.layer for unit in stack.layers])
 
     return whole, unwrap
 
@@ -510,60 +527,136 @@ def _compiled_step(model, batch: Mapping[str, Any], plan: Plan):
         gather(model)
 
 
-# ----------------------------------------------------------------------------- shard_map
+# ------------------------------------------------------ tensor parallel: a block in shard_map
+class TensorParallelBlock(nnx.Module):
+    """One attention or feed-forward block, tensor parallel, wrapped from outside and written out
+    with ``jax.shard_map`` over ``model``: inside, the block's own code runs on each device's
+    shards (its query and key/value heads, its slice of d_ff; ``split_heads`` reshapes to -1
+    heads), and the two communications are Megatron's, written where they happen:
+
+    - "f", at the entrance: each distinct input (self-attention's x; cross-attention's query and
+      memory; the feed-forward's x) is marked as varying over ``model`` once (``jax.lax.pcast``).
+      Identity in the forward; in the backward its transpose sums the device's parts of that
+      input's gradient (w_q's, w_k's and w_v's, added on the device first) over ``model``: one
+      all-reduce per distinct input, where GSPMD all-reduces each projection's part;
+    - "g", at the exit: ``jax.lax.psum`` of the partial outputs of the row-split w_o, w_2 or
+      w_down: one all-reduce. That Linear's bias is added once, after the sum.
+
+    The ``data`` axis (the batch's rows, FSDP's gathers) stays GSPMD's. Dropout inside the block
+    (attention weights, the feed-forward's hidden features) draws each device's masks for its own
+    heads or features from its stream folded with the device's index along ``model``: independent
+    masks, not the single device's."""
+
+    def __init__(self, block: nnx.Module, mesh: jax.sharding.Mesh):
+        self.block, self.mesh = block, mesh
+
+    def __call__(self, *args):
+        attention = hasattr(self.block, "w_q")
+        count = 3 if attention else 1  # query, key, value; or x
+        need_weights = attention and len(args) > 4 and args[4]
+        cache = args[5] if attention and len(args) > 5 else None
+        if need_weights or cache is not None:  # each device has only its own heads
+            raise ValueError(
+                "a tensor-parallel attention block trains: it returns no attention weights and "
+                f"keeps no cache; got need_weights={need_weights}, cache={type(cache).__name__}"
+            )
+        inputs, extra = args[:count], args[count:]
+        distinct = []  # the inputs, each tensor once (one all-reduce of its gradient)
+        for x in inputs:
+            if not any(x is seen for seen in distinct):
+                distinct.append(x)
+        where = [next(i for i, seen in enumerate(distinct) if x is seen) for x in inputs]
+        plan = Plan(tensor_parallel=self.mesh.shape["model"])
+        graphdef, params, rest = nnx.split(self.block, nnx.Param, ...)
+        specs = jax.tree_util.tree_map_with_path(
+            lambda path, w: weight_spec(_canonical(path), w.shape, plan), params
+        )
+        closing = _closing_linear(self.block)
+        bias = None if closing.bias is None else closing.bias[...]  # (d_model,)
+
+        at = [i for i, arg in enumerate(extra) if isinstance(arg, jax.Array)]  # a mask
+        arrays = [extra[i] for i in at]
+
+        def local(params, rest, distinct, arrays):  # on each device, its shards
+            full = list(extra)
+            for i, array in zip(at, arrays, strict=True):
+                full[i] = array
+            distinct = [jax.lax.pcast(x, "model", to="varying") for x in distinct]  # "f"
+            block = nnx.merge(graphdef, params, rest)
+            if bias is not None:
+                own = _closing_linear(block).bias
+                own[...] = jax.numpy.zeros(own.shape, own.dtype)  # added once, after "g"
+            streams = _fold_streams(block, jax.lax.axis_index("model"))
+            with fused_kernels(False):  # the block's own code, on this device's shards
+                out = block(*[distinct[i] for i in where], *full)
+            partial = out[0] if attention else out  # (B, T, d_model)
+            for stream, key in streams:  # the streams' own keys back (their counts advanced)
+                stream.key[...] = key
+            return jax.lax.psum(partial, "model"), nnx.state(block, nnx.Not(nnx.Param))  # "g"
+
+        run = jax.shard_map(
+            local,
+            mesh=self.mesh,
+            in_specs=(specs, P(), P(), P()),
+            out_specs=(P(), P()),
+            axis_names=frozenset({"model"}),
+        )
+        output, rest = run(params, rest, distinct, arrays)
+        if any(_drops(module) for _, module in nnx.iter_graph(self.block)):
+            nnx.update(self.block, rest)  # the dropout streams it advanced
+        if bias is not None:
+            output = output + bias  # (B, T, d_model)
+        return (output, None) if attention else output
+
+
+def _closing_linear(block: nnx.Module) -> nnx.Module:
+    """The row-split Linear that closes a block: w_o, w_2 or w_down."""
+    for name in ("w_o", "w_down", "w_2"):
+        if hasattr(block, name):
+            return getattr(block, name)
+    raise TypeError(f"{type(block).__name__} is not an attention or feed-forward block")
+
+
+def _drops(module) -> bool:
+    """Whether ``module`` is a Dropout that draws masks (training, a rate above 0)."""
+    return isinstance(module, Dropout) and not module.deterministic and module.rate > 0
+
+
+def _fold_streams(block: nnx.Module, index: jax.Array) -> list:
+    """Each Dropout stream of ``block`` keyed by its key folded with ``index``; -> [(stream, its
+    own key)], to put back."""
+    streams = []
+    for _, module in nnx.iter_graph(block):
+        if isinstance(module, Dropout):
+            key = module.rngs.key[...]
+            module.rngs.key[...] = jax.random.fold_in(key, index)
+            streams.append((module.rngs, key))
+    return streams
+
+
+def tensor_parallel_blocks(layer: nnx.Module, mesh: jax.sharding.Mesh) -> Callable[[], None]:
+    """Wrap each attention and feed-forward block of an encoder or decoder ``layer`` in a
+    ``TensorParallelBlock``; -> a function that puts them back."""
+    wrapped = {}
+    for name in ("self_attn", "cross_attn", "ffn"):
+        block = getattr(layer, name, None)
+        if block is not None:
+            wrapped[name] = block
+            setattr(layer, name, TensorParallelBlock(block, mesh))
+
+    def unwrap():
+        for name, block in wrapped.items():
+            setattr(layer, name, block)
+
+    return unwrap
+
+
 def tensor_parallel_block(block: nnx.Module, x: jax.Array, mesh: jax.sharding.Mesh, mask=None):
-    """One attention or feed-forward block, tensor parallel, written out with ``jax.shard_map``:
-    inside, each device sees only its shards (its heads, its slice of d_ff), and the one
-    communication of the forward is the ``psum`` after the row-split matmul.
-
-    ``block``: a ``MultiHeadAttention`` (self-attention; ``mask`` broadcastable to its scores),
-    a ``GatedFeedForward`` or a ``PositionwiseFeedForward``, its weights anywhere; ``x``
-    (B, T, d_model) whole on every device. -> (B, T, d_model), whole on every device."""
-    plan = Plan(tensor_parallel=mesh.shape["model"])
-    graphdef, params, rest = nnx.split(block, nnx.Param, ...)
-    specs = jax.tree_util.tree_map_with_path(
-        lambda path, x: weight_spec(_canonical(path), x.shape, plan), params
-    )
-
-    def local(params, rest, x, mask):  # runs on each device, on its shards
-        block = nnx.merge(graphdef, params, rest)
-        if hasattr(block, "w_q"):  # attention: this device's heads and key/value heads
-            partial = _attention_heads(block, x, mask)  # (B, T, d_model), this device's share
-            out_layer = block.w_o
-        else:  # feed-forward: this device's slice of d_ff
-            partial, out_layer = _feed_forward_slice(block, x)
-        output = jax.lax.psum(partial, "model")  # the sum over devices: the all-reduce
-        if out_layer.bias is not None:  # added once, after the sum
-            output = output + out_layer.bias[...]
-        return output  # (B, T, d_model)
-
-    run = jax.shard_map(
-        local,
-        mesh=mesh,
-        in_specs=(specs, P(), P(), P()),
-        out_specs=P(),
-    )
-    return run(params, rest, x, mask)
-
-
-def _attention_heads(attention, x, mask):
-    """This device's heads: H / K query heads and H_kv / K key/value heads (its shard of w_q,
-    w_k, w_v), their context times its rows of w_o -> its partial output (B, T, d_model)."""
-    q = attention.rotary(attention.split_heads(attention.w_q(x)))  # (B, H/K, T, d_k)
-    k = attention.rotary(attention.split_heads(attention.w_k(x)))  # (B, H_kv/K, T, d_k)
-    v = attention.split_heads(attention.w_v(x))  # (B, H_kv/K, T, d_k)
-    k, v = repeat_kv(k, attention.groups), repeat_kv(v, attention.groups)  # (B, H/K, T, d_k)
-    context, _ = scaled_dot_product_attention(q, k, v, mask)  # (B, H/K, T, d_k)
-    return attention.merge_heads(context) @ attention.w_o.kernel[...]  # (B, T, d_model)
-
-
-def _feed_forward_slice(ffn, x):
-    """This device's slice of d_ff -> (its partial output (B, T, d_model), the output layer)."""
-    if hasattr(ffn, "w_gate"):
-        hidden = ffn.activation(ffn.w_gate(x)) * ffn.w_up(x)  # (B, T, d_ff/K)
-        return hidden @ ffn.w_down.kernel[...], ffn.w_down  # (B, T, d_model)
-    hidden = ffn.activation(ffn.w_1(x))  # (B, T, d_ff/K)
-    return hidden @ ffn.w_2.kernel[...], ffn.w_2  # (B, T, d_model)
+    """One self-attention (with ``mask``, broadcastable to its scores) or feed-forward block run
+    as a ``TensorParallelBlock`` on ``x`` (B, T, d_model) -> (B, T, d_model), whole on every
+    device."""
+    parallel = TensorParallelBlock(block, mesh)
+    return parallel(x, x, x, mask)[0] if hasattr(block, "w_q") else parallel(x)
 
 
 __all__ = [
@@ -580,7 +673,9 @@ __all__ = [
     "step_collectives",
     "step_memory",
     "step_program",
+    "TensorParallelBlock",
     "tensor_parallel_block",
+    "tensor_parallel_blocks",
     "weight_spec",
     "with_whole_weights",
 ]

@@ -163,10 +163,11 @@ fig.tight_layout()
 #
 # - **torch**: `fully_shard` (FSDP2) on each layer and then the whole model, and Megatron's
 #   `ColwiseParallel` / `RowwiseParallel` through `parallelize_module`, one process per device
-#   (gloo on a CPU);
-# - **JAX**: no collective is written. Each weight is placed on the mesh with a `NamedSharding`
-#   of the placement's `PartitionSpec`, the batch's rows over `data`, and the same jitted step
-#   runs: XLA's partitioner inserts the collectives.
+#   (gloo on a CPU); `BlockInput` makes a block's input one DTensor that q, k and v all read, so
+#   the backward adds their parts of its gradient before the one all-reduce;
+# - **JAX**: each weight is placed on the mesh with a `NamedSharding` of the placement's
+#   `PartitionSpec`, the batch's rows over `data`, and the same jitted step runs: XLA's
+#   partitioner inserts FSDP's and data parallelism's collectives.
 
 # %%
 show("sharding.py", "shard_model", backends=("torch", "jax"))
@@ -175,11 +176,14 @@ show("sharding.py", "shard_model", backends=("torch", "jax"))
 show("sharding.py", "weight_spec", backends=("jax",))
 
 # %% [markdown]
-# JAX also has the explicit form: `shard_map` runs a function on each device's shards, and the
-# all-reduce of tensor parallelism is the one `psum` in it:
+# Tensor parallelism JAX writes out: `shard_map` runs the block's own code on each device's
+# shards, Megatron's two communications written where they happen: `pcast` at the entrance
+# (identity forward; its backward is the one all-reduce of the input's gradient) and `psum` at
+# the exit (the one all-reduce of the forward). Left to XLA's partitioner, the backward
+# all-reduced q's, k's and v's parts of the gradient one by one.
 
 # %%
-show("sharding.py", "tensor_parallel_block", backends=("jax",))
+show("sharding.py", "TensorParallelBlock", backends=("jax",))
 
 # %% [markdown]
 # Now each backend's sharded gradient against its own one-device gradient on the same batch,

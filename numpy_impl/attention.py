@@ -325,6 +325,13 @@ class MultiHeadAttention(Module):
         (grad_query, grad_key, grad_value), grads = self.backward(grad_output)  # (B, T, d_model) x3
         return grad_query + grad_key + grad_value, grads  # (B, T, d_model)
 
+    def cross_attention_backward(self, grad_output: Array) -> tuple[tuple[Array, Array], dict]:
+        """``backward`` for cross-attention, where one memory was the key and the value: the
+        memory's gradient is the sum of the two. -> (grad_query (B, T_q, d_model), grad_memory
+        (B, T_k, d_model)), grads."""
+        (grad_query, grad_key, grad_value), grads = self.backward(grad_output)
+        return (grad_query, grad_key + grad_value), grads
+
 
     def key_value(
         self,

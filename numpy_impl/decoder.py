@@ -155,11 +155,10 @@ class DecoderLayer(Module):
 
     def _cross_attention_backward(self, grad_output: Array) -> tuple[Array, tuple]:
         """-> grad_h (B, T_tgt, d_model), (grads, grad_memory (B, T_src, d_model))."""
-        # (B, T_tgt, d_model), (B, T_src, d_model), (B, T_src, d_model)
-        (grad_query, grad_key, grad_value), grads = self.cross_attn.backward(grad_output)
-        # the memory was both the key and the value: its gradient is the sum
+        # the memory was both the key and the value: its gradient is the sum of theirs
         # (B, T_tgt, d_model), (B, T_src, d_model)
-        return grad_query, (grads, grad_key + grad_value)
+        (grad_query, grad_memory), grads = self.cross_attn.cross_attention_backward(grad_output)
+        return grad_query, (grads, grad_memory)
 
 
 def _check_memory(memory: Array | None, x: Array, d_model: int) -> None:

@@ -21,7 +21,8 @@ A training step on a (data, model) mesh:
 - Tensor parallel (Megatron): inside each attention and feed-forward block, the model ranks
   compute their own heads (or d_ff slice) from the same input; one all-reduce adds their partial
   outputs after the row-split matmul, and in the backward one all-reduce adds their parts of the
-  input's gradient (the key and the value of cross-attention travel together in one buffer). The K
+  input's gradient: one per distinct input (self-attention's x, read by w_q, w_k and w_v; in
+  cross-attention the query's and the memory's, which w_k and w_v both read). The K
   model ranks of a data rank run in turn inside its thread.
 - Adam: each device updates its own pieces with its own pieces of the gradient and of the moments.
   Adam works element by element, so that is the whole update, sliced.
@@ -151,6 +152,16 @@ class TensorParallelAttention(Module):
         per_rank = [rank.self_attention_backward(grad_output) for rank in self.ranks]
         grad_x = self.all_reduce([grad for grad, _ in per_rank])  # (B, T, d_model)
         return grad_x, self._grads(per_rank, grad_output)
+
+    def cross_attention_backward(
+        self, grad_output: Array
+    ) -> tuple[tuple[Array, Array], dict[str, Any]]:
+        """One memory was the key and the value: each rank adds its two parts of the memory's
+        gradient, and two all-reduces add the ranks' (the query's, the memory's)."""
+        per_rank = [rank.cross_attention_backward(grad_output) for rank in self.ranks]
+        grad_query = self.all_reduce([grads[0] for (grads, _) in per_rank])  # (B, T_q, d_model)
+        grad_memory = self.all_reduce([grads[1] for (grads, _) in per_rank])  # (B, T_k, d_model)
+        return (grad_query, grad_memory), self._grads(per_rank, grad_output)
 
     def all_reduce(self, partials: list[Array]) -> Array:
         if self.log is not None:

@@ -7,7 +7,9 @@ carry it out, one process per device (gloo on CPU, nccl on GPUs), on a mesh of
 
 - along ``model`` (Megatron): ``parallelize_module`` splits each column-split matrix (w_q, w_k, w_v,
   w_1 or w_gate and w_up) by output features (``ColwiseParallel``) and each row-split one (w_o, w_2
-  or w_down) by input features (``RowwiseParallel``, whose partial outputs one all-reduce adds up).
+  or w_down) by input features (``RowwiseParallel``, whose partial outputs one all-reduce adds up);
+  ``BlockInput`` makes each block's input one DTensor, so that the backward adds the column-split
+  matrices' parts of its gradient and all-reduces them once (Megatron's "f").
   A rank's attention sees ``num_heads / K`` query heads and ``num_kv_heads / K`` key/value heads:
   ``split_heads`` reshapes to ``-1`` heads, so the layer's code runs unchanged on its own heads.
 - along ``data``: each rank takes its rows of the global batch. FSDP (``fully_shard`` on each
@@ -44,8 +46,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer_run.batches import split_batch
@@ -92,16 +99,51 @@ def shard_model(model, mesh: DeviceMesh, plan: Plan):
     return model
 
 
-def tensor_parallel_plan(config, plan: Plan) -> dict[str, ColwiseParallel | RowwiseParallel]:
-    """{module path: ColwiseParallel() or RowwiseParallel()}: the plan's split of each weight."""
+def tensor_parallel_plan(config, plan: Plan) -> dict[str, ParallelStyle]:
+    """{module path: its style}: the plan's split of each weight (``ColwiseParallel`` or
+    ``RowwiseParallel`` on the Linear holding it), and ``BlockInput`` on each block that holds a
+    column-split Linear (its attention blocks and feed-forward)."""
     styles = {}
     for name, where in plan_weights(config, plan).items():
         path = name.rsplit(".", 1)[0]  # the Linear holding the weight (and its bias)
         if where.tensor_parallel == COLUMN:
             styles[path] = ColwiseParallel()
+            block = path.rsplit(".", 1)[0]  # the attention block, or the feed-forward
+            styles.setdefault(block, BlockInput(3 if block.endswith("attn") else 1))
         elif where.tensor_parallel == ROW:
             styles[path] = RowwiseParallel()
     return styles
+
+
+class BlockInput(ParallelStyle):
+    """Megatron's "f" at the entrance of a block: each distinct tensor among the block's first
+    ``count`` inputs (attention's query, key and value; the feed-forward's x) becomes one
+    replicated DTensor, which every column-split Linear of the block then reads.
+
+    Identity in the forward. In the backward the Linears' parts of that input's gradient (one per
+    Linear: q, k and v in a self-attention) are added on each rank, still partial, and the sum is
+    all-reduced once, where ``ColwiseParallel`` alone would make each Linear's input a DTensor of
+    its own and all-reduce each part: one all-reduce per distinct input, not per projection."""
+
+    def __init__(self, count: int):
+        super().__init__()
+        self.count = count
+
+    def _apply(self, module: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
+        def replicated(module, args):
+            made: dict[int, DTensor] = {}  # id(tensor) -> its DTensor: the same tensor, once
+
+            def once(x):
+                if not isinstance(x, torch.Tensor) or isinstance(x, DTensor):
+                    return x
+                if id(x) not in made:
+                    made[id(x)] = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
+                return made[id(x)]
+
+            return tuple(once(x) for x in args[: self.count]) + tuple(args[self.count :])
+
+        module.register_forward_pre_hook(replicated)
+        return module
 
 
 def _parameter_names(model) -> dict[int, str]:

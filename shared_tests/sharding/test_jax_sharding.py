@@ -94,6 +94,7 @@ def child(out: str) -> None:
             results |= {f"{key}/weight/{n}": w for n, w in jax_impl.to_params(model).items()}
     results |= shard_map_blocks()
     results |= fsdp_memory()
+    results |= with_dropout()
     np.savez(out, **results)
     pathlib.Path(f"{out}.collectives.json").write_text(json.dumps(collectives))
 
@@ -113,10 +114,28 @@ def fsdp_memory() -> dict[str, np.ndarray]:
     return {"fsdp-4/held": np.array(held["arguments"] + held["temporaries"]), "fsdp-4/one": np.array(one_device)}
 
 
+DROPOUT_PLANS = ("fsdp", "tp", "fsdp-x-tp")
+
+
+def with_dropout() -> dict[str, np.ndarray]:
+    """3 Adam steps of the Llama-style decoder with dropout 0.1 under each of DROPOUT_PLANS."""
+    import jax_impl
+    from jax_impl import sharding
+
+    config = LLAMA.replace(dropout=0.1)
+    results = {}
+    for plan_name in DROPOUT_PLANS:
+        model = jax_impl.build_model(config, params_of(config, "float64", adam=True))
+        losses = sharding.sharded_train(model, [batch_of(config)], 3, schedule(config), plan=PLANS[plan_name])
+        results[f"dropout/{plan_name}"] = np.array(losses)
+    return results
+
+
 def shard_map_blocks() -> dict[str, np.ndarray]:
     """The first decoder layer's self-attention (with a causal mask) and feed-forward of both models,
     tensor parallel over 2 devices: written with shard_map (its output, and the all-reduces of its
-    compiled program), and the plain block under jit with its weights sharded (GSPMD's version)."""
+    compiled program; x's gradient, and its program's), and the plain block under jit with its weights
+    sharded (GSPMD's version)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -140,6 +159,11 @@ def shard_map_blocks() -> dict[str, np.ndarray]:
             results[f"{key}/shard_map"] = np.asarray(compiled(x))
             counted = sharding.hlo_collectives(compiled.as_text())
             results[f"{key}/shard_map-all-reduces"] = counted["all-reduce"]["count"]
+            # the sum and x's gradient: the forward's psum, and one all-reduce of the parts of x's gradient
+            grad = jax.jit(jax.value_and_grad(lambda x, block=block, m=block_mask: sharding.tensor_parallel_block(
+                block, x, mesh, m).sum())).lower(x).compile()  # fmt: skip
+            results[f"{key}/shard_map-grad"] = np.asarray(grad(x)[1])
+            results[f"{key}/shard_map-grad-all-reduces"] = sharding.hlo_collectives(grad.as_text())["all-reduce"]["count"]
             sharding.shard_model(block, mesh, plan)  # the same weights, sharded: GSPMD's version
             if block_name == "attention":
                 results[f"{key}/jit"] = np.asarray(nnx.jit(lambda block, x, m=mask: block(x, x, x, m)[0])(block, x))
@@ -288,9 +312,12 @@ def test_a_sharded_runs_checkpoint_holds_whole_tensors_every_backend_loads(shard
 
 
 @pytest.mark.parametrize("model_name", list(CONFIGS))
-def test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_one_all_reduce(sharded, model_name):
+def test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_megatrons_all_reduces(sharded, model_name):
     """Self-attention (grouped-query in the Llama-style decoder: 3 query heads and their 1 key/value
-    head on each device) and the feed-forward, the biases random (added once, after the psum)."""
+    head on each device) and the feed-forward, the biases random (added once, after the psum):
+    the output with one all-reduce, x's gradient with one more."""
+    import jax
+
     import jax_impl
 
     config = CONFIGS[model_name]
@@ -306,19 +333,25 @@ def test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_one_all_r
             error = max_relative_difference(results[f"{model_name}/{block}/{version}"], output)
             assert error <= TOLERANCE["float64"], f"{model_name} {block}: {version} differs by {error:.2e}"
         assert int(results[f"{model_name}/{block}/shard_map-all-reduces"]) == 1
+    grads = {  # x's gradient: of a self-attention, through the query, the key and the value
+        "attention": jax.grad(lambda x: layer.self_attn(x, x, x, jax_impl.make_causal_mask(x.shape[1]))[0].sum())(x),
+        "ffn": jax.grad(lambda x: layer.ffn(x).sum())(x),
+    }
+    for block, grad in grads.items():
+        error = max_relative_difference(results[f"{model_name}/{block}/shard_map-grad"], np.asarray(grad))
+        assert error <= TOLERANCE["float64"], f"{model_name} {block}: x's gradient differs by {error:.2e}"
+        # the forward's all-reduce, and one for x's gradient (q, k and v's parts added first)
+        assert int(results[f"{model_name}/{block}/shard_map-grad-all-reduces"]) == 2
 
 
-def tensor_parallel_inputs(config: Config) -> tuple[int, int]:
-    """(the blocks, the column-split projections) of a model: Megatron's forward all-reduces one
-    output per block; in the backward each column-split projection gives its own part of its
-    input's gradient (q, k, v: 3 in a self-attention; the cross-attention's q, and k and v of the
-    memory; w_1, or w_gate and w_up)."""
-    ffn = 2 if config.gated_ffn else 1
+def megatron_all_reduces(config: Config) -> tuple[int, int]:
+    """(the attention and feed-forward blocks, Megatron's all-reduces of a step): one per block in
+    the forward (its output), and in the backward one per distinct input of a block (its x; a
+    cross-attention's query and its memory)."""
     encoder = config.num_encoder_layers if config.uses_encoder else 0
     cross = config.num_decoder_layers if config.decoder_has_cross_attention else 0
     blocks = 2 * (encoder + config.num_decoder_layers) + cross
-    projections = (3 + ffn) * (encoder + config.num_decoder_layers) + 3 * cross
-    return blocks, projections
+    return blocks, 2 * blocks + cross
 
 
 def gathers(config: Config, name: str) -> int:
@@ -347,9 +380,9 @@ def test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them(sharded,
     backward, and reduce-scatters one per layer; Megatron adds a block's input gradients on each
     device, then all-reduces once. XLA works per tensor, and on the CPU:
 
-    - tensor parallel: the forward's all-reduces are Megatron's, one per block; in the backward XLA
-      all-reduces each column-split projection's part of its input's gradient (q, k and v: 3) and
-      adds them after, where NumPy adds first: one all-reduce per projection, not per block;
+    - tensor parallel: Megatron's, as NumPy's, since each block is a ``TensorParallelBlock``
+      (shard_map): one all-reduce per block in the forward, and in the backward one per distinct
+      input of a block (q, k and v add their parts of x's gradient on each device first);
     - data parallel and FSDP: one all-reduce per gradient tensor (NumPy: per layer's buffer), plus
       the loss's and the target count's, as NumPy's;
     - FSDP: one all-gather per weight FSDP splits (NumPy: per layer's buffer), a layer's before its
@@ -368,15 +401,15 @@ def test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them(sharded,
 
     config, plan = adam_config(model_name), PLANS[plan_name]
     model = numpy_impl.build_model(config, params_of(config, "float64", adam=True))
-    reference = {kind: counted["count"] for kind, counted in step_collectives(model, batch_of(config), plan).items()}
+    reference = step_collectives(model, batch_of(config), plan)
     _, collectives, _ = results_of(sharded)
     counted = collectives[f"{model_name}/{plan_name}"]
     got = {kind: c["count"] for kind, c in counted.items() if c["count"]}  # no other kind either
-    blocks, projections = tensor_parallel_inputs(config)
+    blocks, megatron = megatron_all_reduces(config)
     placements = plan_weights(config, plan)
     want = {}
     if plan.tensor_parallel > 1:
-        want["all-reduce"] = blocks + projections  # Megatron's forward, XLA's backward per projection
+        want["all-reduce"] = megatron
     if plan.data > 1:
         want["all-reduce"] = want.get("all-reduce", 0) + len(placements) + 2  # the gradients, loss, count
     if plan.fsdp > 1:  # a layer's weights before its forward and again before its backward
@@ -386,12 +419,29 @@ def test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them(sharded,
         if plan.tensor_parallel > 1:  # the backward recomputes the layer's forward, its blocks' sums too
             want["all-reduce"] += recomputed_sums(config, blocks)
     assert got == want, f"{model_name} {plan_name}: XLA runs {got}, the explanation says {want} (NumPy: {reference})"
-    if plan.tensor_parallel > 1 and plan.data == 1:  # Megatron's forward in both; NumPy's backward per block
-        cross = config.num_decoder_layers if config.decoder_has_cross_attention else 0
-        assert reference == {"all-reduce": 2 * blocks + cross}
+    if plan.tensor_parallel > 1 and plan.data == 1:  # tensor parallel alone: NumPy's, as many and as large
+        assert counted["all-reduce"]["count"] == reference["all-reduce"]["count"] == megatron
+        assert counted["all-reduce"]["bytes"] == reference["all-reduce"]["bytes"]
     if plan.fsdp > 1:
         assert set(reference) == {"all-gather", "reduce-scatter", "all-reduce"} and "reduce-scatter" not in got
     assert all(c["instructions"] == c["count"] for c in counted.values()), counted  # none packed
+
+
+def test_dropout_under_fsdp_draws_one_devices_masks_and_inside_tensor_parallel_blocks_each_devices_own(sharded):
+    """With dropout 0.1: FSDP's 3 Adam steps are one device's (the masks are drawn for the whole
+    batch, and the backward's recomputed forward draws the forward's masks again, else the gradients
+    would be wrong). Inside a tensor-parallel block each device draws its own heads' and features'
+    masks (Megatron's way), so those runs are not one device's, but FSDP x tensor parallel is tensor
+    parallel's: splitting the rows changes no mask."""
+    import jax_impl
+
+    config = LLAMA.replace(dropout=0.1)
+    single = jax_impl.build_model(config, params_of(config, "float64", adam=True))
+    want = jax_impl.train(single, [batch_of(config)], 3, schedule(config))
+    results, _, _ = results_of(sharded)
+    np.testing.assert_allclose(results["dropout/fsdp"], want, rtol=TOLERANCE["float64"])
+    np.testing.assert_allclose(results["dropout/fsdp-x-tp"], results["dropout/tp"], rtol=TOLERANCE["float64"])
+    assert np.all(np.isfinite(results["dropout/tp"])) and not np.allclose(results["dropout/tp"], want)
 
 
 def test_fsdp_over_4_devices_holds_a_third_of_one_devices_bytes(sharded):
