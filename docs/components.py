@@ -708,8 +708,11 @@ PAGES: tuple[Page, ...] = (
             "Memory per device under FSDP over 4 devices: torch's processes hold exactly a quarter of the "
             "weights, gradients and Adam moments (`local_bytes`); NumPy's peak, with one layer's weights and "
             "gradients gathered, is 0.28 of one device at 12 layers; XLA's plan for JAX's step holds 0.32 "
-            "(`step_memory`: its arguments and temporaries, activations included, float32, 12 layers), the "
-            "rest mostly each gradient all-reduced whole before it is cut. It takes two options of XLA's CPU "
+            "through the forward and backward (`step_memory`: its arguments and temporaries, activations "
+            "included, float32, 12 layers), the rest mostly each gradient all-reduced whole before it is cut, "
+            "and peaks at 0.39 at its end, where the updated weights and moments are new buffers beside the "
+            "old (donated, XLA's CPU plan grew to 0.44, so the step does not donate). It takes two options of "
+            "XLA's CPU "
             "compiler (`COMPILER_OPTIONS`): without them, its schedule runs every layer's second gather at "
             "the start of the backward and its combiner packs the gradients' all-reduces into one at the end, "
             "and the step holds 0.69, as much as gathering the whole model at the top of the step.",
