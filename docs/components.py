@@ -706,16 +706,15 @@ PAGES: tuple[Page, ...] = (
             "exists and again when its gradient arrives (its forward recomputed there, so with tensor parallel "
             "the blocks' sums run again), each gradient cut to its shard before the layer below runs.",
             "Memory per device under FSDP over 4 devices: torch's processes hold exactly a quarter of the "
-            "weights, gradients and Adam moments (`local_bytes`); NumPy's peak, with one layer's weights and "
-            "gradients gathered, is 0.28 of one device at 12 layers; XLA's plan for JAX's step holds 0.32 "
-            "through the forward and backward (`step_memory`: its arguments and temporaries, activations "
-            "included, float32, 12 layers), the rest mostly each gradient all-reduced whole before it is cut, "
-            "and peaks at 0.39 at its end, where the updated weights and moments are new buffers beside the "
-            "old (donated, XLA's CPU plan grew to 0.44, so the step does not donate). It takes two options of "
-            "XLA's CPU "
-            "compiler (`COMPILER_OPTIONS`): without them, its schedule runs every layer's second gather at "
-            "the start of the backward and its combiner packs the gradients' all-reduces into one at the end, "
-            "and the step holds 0.69, as much as gathering the whole model at the top of the step.",
+            "weights, gradients and Adam moments after a step (`local_bytes`); NumPy's peak, with one layer's "
+            "weights and gradients gathered, is 0.28 of one device at 12 layers; for JAX, everything XLA "
+            "allocates for one device's step (`step_memory`: arguments, outputs and temporaries, activations "
+            "included) is 0.29 of one device on 12 layers at d_model 576, float32 (at d_model 72 XLA's fixed "
+            "temporaries are a larger share: 0.44). The step donates the weights and moments, so that they "
+            "are updated in place (without, the updated ones are a second copy: 0.47), and takes two options "
+            "of XLA's CPU compiler (`COMPILER_OPTIONS`): without them its schedule runs every layer's second "
+            "gather at the start of the backward and its combiner packs the gradients' all-reduces into one "
+            "at the end, keeping every layer's whole weights or gradients alive at once.",
         ),
         code=(
             "transformer_run/sharding.py: Plan, placement, check_plan, fsdp_units, piece, join",

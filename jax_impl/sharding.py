@@ -37,13 +37,13 @@ Adam's moments are sharded like their weights (``shard_optimizer``); each device
 shards. What a device holds at its peak is XLA's plan (``step_memory``). On the CPU it needs two
 compiler options for FSDP's memory (``COMPILER_OPTIONS``): its default schedule runs every
 layer's second gather at the start of the backward, and its all-reduce combiner packs all the
-gradients' reductions into one at the end, each keeping a whole copy alive. With them, FSDP over 4
-devices holds, through its forward and backward, 0.32 of one device's weights, gradients and
-moments on the twelve-layer test case (NumPy's written-out step: 0.28); gathering the whole model
-at the top of the step holds 0.69. The CPU compiler has no reduce-scatter: each gradient is
-all-reduced whole, then sliced. The step's peak is at its end, 0.39: the updated weights and
-moments are new buffers beside the old ones. Donating the arguments would update them in place,
-but XLA's CPU plan for the donated step is larger (0.44), so the step does not donate.
+gradients' reductions into one at the end, each keeping a whole copy alive. The step donates the
+weights and moments, so that they are updated in place (without, the updated ones are new buffers
+beside the old: a second copy). With both, FSDP over 4 devices allocates 0.29 of one device's
+weights, gradients and moments for a step of the twelve-layer test case at d_model 576 (arguments,
+outputs and temporaries, activations included); at d_model 72 XLA's fixed temporaries are a larger
+share (0.44; NumPy's written-out step, which counts no activations: 0.28). The CPU compiler has no
+reduce-scatter: each gradient is all-reduced whole, then sliced.
 
 A checkpoint is written from whole tensors (``to_params`` and ``training_state`` copy each
 array off the devices, which joins its shards), under the canonical names, so it loads into one
@@ -344,7 +344,8 @@ COMPILER_OPTIONS = {
 }
 
 
-@nnx.jit(static_argnames=("label_smoothing", "mesh", "plan"))
+# the weights and Adam's moments donated: updated in place, so the step does not hold a second copy
+@nnx.jit(static_argnames=("label_smoothing", "mesh", "plan"), donate_argnums=(0, 1))
 def _sharded_update(model, optimizer, inputs, targets, label_smoothing, mesh, plan):
     """train.py's ``_update`` on the plan's model: loss, gradients and Adam, one program."""
     loss, grads = nnx.value_and_grad(_loss)(model, inputs, targets, label_smoothing, mesh, plan)
@@ -503,18 +504,20 @@ def step_program(model, batch: Mapping[str, Any], plan: Plan) -> str:
 
 
 def step_memory(model, batch: Mapping[str, Any], plan: Plan) -> dict[str, int]:
-    """The bytes one device's compiled training step holds, as XLA plans them: ``arguments``
+    """The bytes XLA allocates for one run of one device's compiled training step: ``arguments``
     (its shards of the weights and Adam's moments, its rows of the batch), ``outputs`` (the
-    updated ones), ``temporaries`` (whole weights gathered, gradients, activations) and
-    ``peak``, the most of them alive at once. The step does not donate its arguments, so at its
-    end the updated weights and moments exist beside the old ones."""
+    updated ones), ``aliased`` (the outputs written over their donated arguments: the weights and
+    moments), ``temporaries`` (whole weights gathered, gradients, activations: one block) and
+    ``total``, all of them: arguments + outputs - aliased + temporaries."""
     memory = _compiled_step(model, batch, plan).memory_analysis()
-    return {
+    held = {
         "arguments": int(memory.argument_size_in_bytes),
         "outputs": int(memory.output_size_in_bytes),
+        "aliased": int(memory.alias_size_in_bytes),
         "temporaries": int(memory.temp_size_in_bytes),
-        "peak": int(memory.peak_memory_in_bytes),
     }
+    held["total"] = held["arguments"] + held["outputs"] - held["aliased"] + held["temporaries"]
+    return held
 
 
 def _compiled_step(model, batch: Mapping[str, Any], plan: Plan):
