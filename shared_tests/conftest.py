@@ -133,8 +133,9 @@ SLOW = {
         "test_every_plan_gives_the_single_device_loss_and_gradients",
         "test_twenty_float64_adam_steps_give_the_single_device_losses_and_weights",
         "test_a_sharded_runs_checkpoint_holds_whole_tensors_every_backend_loads",
-        "test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_one_all_reduce",
+        "test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_megatrons_all_reduces",
         "test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them",
+        "test_dropout_under_fsdp_draws_one_devices_masks_and_inside_tensor_parallel_blocks_each_devices_own",
     },
     # each chapter of the course in a fresh kernel (the real SmolLM2 chapter the longest), JupyterLab in Chromium
     "notebooks/test_notebooks.py": {
