@@ -329,8 +329,9 @@ class MultiHeadAttention(Module):
         """``backward`` for cross-attention, where one memory was the key and the value: the
         memory's gradient is the sum of the two. -> (grad_query (B, T_q, d_model), grad_memory
         (B, T_k, d_model)), grads."""
+        # (B, T_q, d_model), (B, T_k, d_model), (B, T_k, d_model)
         (grad_query, grad_key, grad_value), grads = self.backward(grad_output)
-        return (grad_query, grad_key + grad_value), grads
+        return (grad_query, grad_key + grad_value), grads  # (B, T_q, d_model), (B, T_k, d_model)
 
 
     def key_value(
