@@ -244,9 +244,7 @@ class FullyShardedLayer(nnx.Module):
             # them from the state they had before the forward: the forward's masks again)
             rest = jax.tree.map(lambda value: value, rest)
             layer = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, weights), rest)
-            unwrap = lambda: None  # noqa: E731
-            if self.plan.tensor_parallel > 1:
-                unwrap = tensor_parallel_blocks(layer, self.mesh)
+            unwrap = tensor_parallel_blocks(layer, self.mesh)  # with tensor parallel
             out = layer(x, *full)
             unwrap()
             return out, nnx.state(layer, nnx.Not(nnx.Param))  # the streams it advanced
@@ -312,7 +310,7 @@ def fully_sharded(
         for stack in stacks:
             units = [FullyShardedLayer(layer, mesh, plan) for layer in stack.layers]
             stack.layers = nnx.List(units)
-    elif plan.tensor_parallel > 1:
+    else:
         blocks = [tensor_parallel_blocks(layer, mesh) for stack in stacks for layer in stack.layers]
 
     def unwrap():
@@ -612,7 +610,7 @@ class TensorParallelBlock(nnx.Module):
         )
         output, rest = run(params, rest, distinct, arrays)
         if any(_drops(module) for _, module in nnx.iter_graph(self.block)):
-            nnx.update(self.block, rest)  # the dropout streams it advanced
+            nnx.update(self.block, rest)  # the dropout streams it advanced (only they change)
         if bias is not None:
             output = output + bias  # (B, T, d_model)
         return (output, None) if attention else output
@@ -632,11 +630,11 @@ def _drops(module) -> bool:
 
 
 def _fold_streams(block: nnx.Module, index: jax.Array) -> list:
-    """Each Dropout stream of ``block`` keyed by its key folded with ``index``; -> [(stream, its
-    own key)], to put back."""
+    """Each stream of ``block``'s Dropouts that draw masks keyed by its key folded with ``index``;
+    -> [(stream, its own key)], to put back."""
     streams = []
     for _, module in nnx.iter_graph(block):
-        if isinstance(module, Dropout):
+        if _drops(module):
             key = module.rngs.key[...]
             module.rngs.key[...] = jax.random.fold_in(key, index)
             streams.append((module.rngs, key))
@@ -645,9 +643,10 @@ def _fold_streams(block: nnx.Module, index: jax.Array) -> list:
 
 def tensor_parallel_blocks(layer: nnx.Module, mesh: jax.sharding.Mesh) -> Callable[[], None]:
     """Wrap each attention and feed-forward block of an encoder or decoder ``layer`` in a
-    ``TensorParallelBlock``; -> a function that puts them back."""
+    ``TensorParallelBlock`` (none where ``mesh`` has one device along ``model``); -> a function
+    that puts them back."""
     wrapped = {}
-    for name in ("self_attn", "cross_attn", "ffn"):
+    for name in ("self_attn", "cross_attn", "ffn") if mesh.shape["model"] > 1 else ():
         block = getattr(layer, name, None)
         if block is not None:
             wrapped[name] = block
