@@ -696,25 +696,31 @@ PAGES: tuple[Page, ...] = (
             "gradient: q, k and v, three where Megatron adds the parts and all-reduces once). JAX runs each "
             "tensor-parallel block in `shard_map` (`TensorParallelBlock`: the block's own code on each device's "
             "shards, `pcast` at the entrance and `psum` at the exit), so its all-reduces are Megatron's too; "
-            "left to GSPMD, it all-reduced each projection's part. For FSDP, XLA works per tensor where NumPy "
-            "sends one flat buffer per layer, and on the CPU has no pass that turns an all-reduce followed by a "
-            "slice into a reduce-scatter. Left to itself, "
-            "GSPMD did not gather FSDP's weights at all: it split d_model over `data` and moved the activations "
-            "with all-to-alls (right numbers, not FSDP); asked for the whole model at the top of the step, it "
-            "kept every gathered weight from the forward to the backward. So JAX's FSDP wraps each layer from "
-            "outside, as `fully_shard` does (`FullyShardedLayer`): the layer's weights gathered when its input "
-            "exists and again when its gradient arrives (its forward recomputed there, so with tensor parallel "
-            "the blocks' sums run again), each gradient cut to its shard before the layer below runs.",
+            "left to GSPMD, it all-reduced each projection's part. JAX's FSDP and data parallel are written out "
+            "as NumPy's are: the step in `shard_map` over the mesh (`data_sharded_loss`), each device on its "
+            "rows and its pieces, each unit's pieces in one flat buffer (`gather_unit`: under FSDP one "
+            "all-gather, whose transpose JAX derives as one reduce-scatter; under data parallel its transpose "
+            "is one all-reduce), each layer wrapped from outside as `fully_shard` wraps it "
+            "(`ShardedLayer`: gathered when it runs and, through `jax.checkpoint`, again when the backward "
+            "reaches it), so FSDP alone runs NumPy's collectives exactly, count and bytes. With tensor parallel "
+            "a layer's pieces travel in two buffers, those split over `model` and those whole along it: in "
+            "`shard_map` an array is the same on every device of an axis or not, and one buffer would make the "
+            "norms' weights each device's own. Left to GSPMD, FSDP did not gather the weights at all (it split "
+            "d_model over `data` and moved the activations with all-to-alls: right numbers, not FSDP); asked "
+            "for each layer's weights whole, it gathered per tensor and, on the CPU, all-reduced each gradient "
+            "whole and sliced it, with no reduce-scatter; data parallel's gradients it all-reduced tensor by "
+            "tensor.",
             "Memory per device under FSDP over 4 devices: torch's processes hold exactly a quarter of the "
             "weights, gradients and Adam moments after a step (`local_bytes`); NumPy's peak, with one layer's "
             "weights and gradients gathered, is 0.28 of one device at 12 layers; for JAX, everything XLA "
             "allocates for one device's step (`step_memory`: arguments, outputs and temporaries, activations "
-            "included) is 0.29 of one device on 12 layers at d_model 576, float32 (at d_model 72 XLA's fixed "
-            "temporaries are a larger share: 0.44). The step donates the weights and moments, so that they "
-            "are updated in place (without, the updated ones are a second copy: 0.47), and takes two options "
-            "of XLA's CPU compiler (`COMPILER_OPTIONS`): without them its schedule runs every layer's second "
-            "gather at the start of the backward and its combiner packs the gradients' all-reduces into one "
-            "at the end, keeping every layer's whole weights or gradients alive at once.",
+            "included) is 0.25 of one device on 12 layers at d_model 576, float32 (at d_model 72 XLA's fixed "
+            "temporaries are a larger share: 0.43). The step donates the weights and moments, so that they "
+            "are updated in place (without, the updated ones are a second copy), and takes three options "
+            "of XLA's CPU compiler (`COMPILER_OPTIONS`): without them its common-subexpression pass merges "
+            "each layer's second gather into its first (0.48: every layer's whole weights kept from the "
+            "forward to the backward), its schedule runs independent work early, and its combiner packs data "
+            "parallel's all-reduces into one.",
         ),
         code=(
             "transformer_run/sharding.py: Plan, placement, check_plan, fsdp_units, piece, join",
@@ -724,7 +730,8 @@ PAGES: tuple[Page, ...] = (
             "sharding.py: Device, ShardedUnit, DataAxis, Replica, ShardedRun, load_whole",
             "sharding.py: sharding_mesh, shard_model, weight_spec, weight_shardings, tensor_parallel_plan, "
             "_fsdp_dim, shard_optimizer, shard_batch, _keys, _canonical, _parameter_names, _device, _layers",
-            "sharding.py: with_whole_weights, _whole, FullyShardedLayer, _no_gradient, fully_sharded, _loss, "
+            "sharding.py: gather_unit, _keep_all_but_moves, ShardedLayer, BatchRowsDropout, _stacks, wrap_units, "
+            "data_sharded_loss, _loss, "
             "_sharded_update, _sharded_loss_and_grads, _compile, _compiled_step, "
             "_checked, _rows, gather, sharded_train_step, sharded_backward, _sum_over, whole, sharded_logits",
             "sharding.py: _check_devices, _setup, _quiet, _loss_and_grads_rank, _logits_rank, _collectives_rank, "
@@ -755,13 +762,17 @@ PAGES: tuple[Page, ...] = (
             "_layers": "No counterpart: JAX lets the compiler place each layer's collectives; NumPy lists its "
             "FSDP units in the plan (fsdp_units).",
             # the step
-            "with_whole_weights": "No counterpart: fully_shard gathers each layer's weights itself; NumPy's "
-            "ShardedUnit does.",
-            "_whole": "No counterpart: as with_whole_weights.",
-            "FullyShardedLayer": "torch: fully_shard (torch's own, applied per layer); NumPy: ShardedUnit.",
-            "_no_gradient": "No counterpart: torch's autograd and NumPy's backward skip what is not trained.",
-            "fully_sharded": "No counterpart: torch wraps the layers once, before training; NumPy's plan lists "
+            "gather_unit": "torch: fully_shard's all-gather of a layer's flat buffer (torch's own); NumPy: "
+            "Replica.gather.",
+            "_keep_all_but_moves": "No counterpart: torch's FSDP frees a layer's gathered weights after its "
+            "forward and gathers them again before its backward itself; NumPy's ShardedUnit does.",
+            "ShardedLayer": "torch: fully_shard (torch's own, applied per layer); NumPy: ShardedUnit.",
+            "BatchRowsDropout": "No counterpart: each torch rank draws its own rows' masks from its generator; "
+            "NumPy's replicas draw theirs.",
+            "_stacks": "No counterpart: torch's and NumPy's plans name the layers (fsdp_units).",
+            "wrap_units": "No counterpart: torch wraps the layers once, before training; NumPy's plan lists "
             "its units (fsdp_units).",
+            "data_sharded_loss": "NumPy: Replica.loss_and_grads; torch: each rank's step (sharded_train_step).",
             "_compile": "No counterpart: torch and NumPy run their step eagerly.",
             "_loss": "No counterpart: torch's step and NumPy's run the loss in their own step functions.",
             "_sharded_update": "No counterpart: torch's step is sharded_train_step; NumPy's is ShardedRun's.",

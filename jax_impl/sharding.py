@@ -19,31 +19,37 @@ The batch's rows are split over ``data``. Each weight gets a ``NamedSharding``:
   ``data``, the gradients all-reduced.
 
 Nothing in the model is written for a mesh. The step is train.py's ``_update`` (loss, gradients,
-Adam, one program compiled by ``nnx.jit``, ahead of time with ``COMPILER_OPTIONS``) on a copy of the
-model made for the plan (``fully_sharded``): with FSDP each encoder and decoder layer is wrapped,
-from outside, in a ``FullyShardedLayer``, which gathers that layer's weights whole along ``data``
-when its input exists, gathers them again when its gradient arrives, and cuts each weight's gradient
-to its shard before the layer below runs, as torch's ``fully_shard`` does per layer; the other
-weights are asked for whole along ``data`` (``with_whole_weights``). With tensor parallel each
-attention and feed-forward block is wrapped, from outside, in a ``TensorParallelBlock``: the block's
-own code in ``jax.shard_map`` over ``model``, on each device's shards, with Megatron's two
-communications written out (``pcast`` at the entrance, whose transpose all-reduces the input's
-gradient once; ``psum`` at the exit). XLA's SPMD partitioner (GSPMD) reads the weights' and the
-batch's shardings and puts in the rest: the all-gathers of FSDP, the gradients' reductions
-(``step_collectives`` lists them from the compiled program; the test of the collectives says how and
-why they differ from NumPy's written-out step).
+Adam, one program compiled by ``nnx.jit``, ahead of time with ``COMPILER_OPTIONS``), its loss
+computed for the plan (``_loss``):
+
+- with the batch split over ``data`` (FSDP, or data parallel) the loss is written out as NumPy's
+  step is (``data_sharded_loss``): in ``jax.shard_map`` over the whole mesh each device runs the
+  model on its rows with its pieces of the weights. Each unit's pieces travel in one flat buffer
+  (``gather_unit``: under FSDP one all-gather, whose transpose JAX derives as one reduce-scatter of
+  the unit's gradient; under data parallel the weights are whole, and the transpose is one
+  all-reduce): the rest of the model (embeddings, final norms, output projection) made whole for
+  the whole step, each encoder and decoder layer wrapped, from outside, in a ``ShardedLayer``,
+  which under FSDP gathers its weights when it runs and again when the backward reaches it
+  (``jax.checkpoint`` keeps the activations, not the whole weights), as torch's ``fully_shard``
+  does per layer. Dropout draws the whole batch's masks and keeps the device's rows
+  (``BatchRowsDropout``): one device's masks;
+- with tensor parallel each attention and feed-forward block is wrapped, from outside, in a
+  ``TensorParallelBlock``: the block's own code on each device's shards, with Megatron's two
+  communications written out (``pcast`` at the entrance, whose transpose all-reduces the input's
+  gradient once; ``psum`` at the exit). With the batch split over ``data`` it runs inside that
+  step's ``shard_map``; alone, in its own, over ``model``.
+
+``step_collectives`` lists the collectives from the compiled program; the test of the collectives
+holds them to NumPy's written-out step, kind by kind, and says where they differ.
 
 Adam's moments are sharded like their weights (``shard_optimizer``); each device updates its
-shards. What a device holds at its peak is XLA's plan (``step_memory``). On the CPU it needs two
-compiler options for FSDP's memory (``COMPILER_OPTIONS``): its default schedule runs every
-layer's second gather at the start of the backward, and its all-reduce combiner packs all the
-gradients' reductions into one at the end, each keeping a whole copy alive. The step donates the
+shards. What a device holds at its peak is XLA's plan (``step_memory``). The step donates the
 weights and moments, so that they are updated in place (without, the updated ones are new buffers
-beside the old: a second copy). With both, FSDP over 4 devices allocates 0.29 of one device's
-weights, gradients and moments for a step of the twelve-layer test case at d_model 576 (arguments,
-outputs and temporaries, activations included); at d_model 72 XLA's fixed temporaries are a larger
-share (0.44; NumPy's written-out step, which counts no activations: 0.28). The CPU compiler has no
-reduce-scatter: each gradient is all-reduced whole, then sliced.
+beside the old: a second copy), and the CPU compiler takes three options (``COMPILER_OPTIONS``) so
+that a layer's whole weights live only while it runs. FSDP over 4 devices then allocates 0.25 of
+one device's weights, gradients and moments for a step of the twelve-layer test case at d_model 576
+(arguments, outputs and temporaries, activations included); at d_model 72 XLA's fixed temporaries
+are a larger share (0.43; NumPy's written-out step, which counts no activations: 0.28).
 
 A checkpoint is written from whole tensors (``to_params`` and ``training_state`` copy each
 array off the devices, which joins its shards), under the canonical names, so it loads into one
@@ -173,55 +179,85 @@ def gather(module: nnx.Module) -> None:
     nnx.update(module, jax.device_put(nnx.state(module), jax.devices()[0]))
 
 
-# ----------------------------------------------------------------------------- training
-def with_whole_weights(
-    model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan, skip_layers: bool = False
-) -> nnx.Module:
-    """Inside a jitted step: a copy of ``model`` whose weights are whole along ``data`` (still
-    split along ``model``), so that XLA all-gathers each FSDP-sharded weight before its layer
-    uses it; the transpose of that gather reduces the gradient and scatters it back to the shards.
-    ``skip_layers``: the encoder's and decoder's layers left as they are (``fully_sharded``
-    gathers them one at a time).
+# ----------------------------------- FSDP and data parallel: the step written out in shard_map
+def gather_unit(shards: list[jax.Array], names: list[str], plan: Plan) -> list[jax.Array]:
+    """Inside the step's ``shard_map`` (``data_sharded_loss``): one unit's weights (a layer's, or
+    the rest of the model's) whole for this device, travelling as NumPy's ``Replica.gather`` sends
+    them, in one flat buffer, and JAX derives the backward, each collective's transpose:
 
-    Without it GSPMD is free to move the activations instead of the weights (it split the
-    batch's d_model over ``data`` and exchanged activations with all-to-alls: the same numbers,
-    but not FSDP). With ``fsdp`` 1 it changes nothing: the weights are already so."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    - FSDP: the device's pieces flattened into one buffer, the N buffers all-gathered over
+      ``data``, each weight joined from the N devices' pieces along its FSDP dimension. The
+      transpose of the all-gather is one reduce-scatter of the unit's flat gradient
+      (``psum_scatter``): each device receives the sum over ``data`` of its own pieces;
+    - data parallel: the weights are whole on every device already; their buffer is marked as
+      each device's own (``pcast`` to varying over ``data``: the gradients differ per device, each
+      from its rows). Its transpose is one all-reduce of the unit's flat gradient.
 
-    def whole_along_data(path, x):
-        if skip_layers and "layers" in _keys(path):
-            return x
-        return _whole(x, _canonical(path), mesh, plan)
+    With tensor parallel a unit travels in two buffers, where NumPy's and torch's devices send one:
+    the pieces split over ``model`` (each device's own heads or slice of d_ff) and those whole on
+    every device along ``model`` (norms, a closing Linear's bias). In ``shard_map`` an array is
+    either the same on every device of an axis or not, and one buffer holding both would make the
+    norms' weights differ per device as far as JAX knows: the norm's output, then each device's
+    own, would reach the block past Megatron's "f", and the norm's gradient would need a sum of
+    its own."""
+    whole: list[jax.Array | None] = [None] * len(shards)
+    where = [placement(name, w.shape, plan) for w, name in zip(shards, names, strict=True)]
+    for split in (True, False):  # split over "model", or whole along it
+        group = [i for i, w in enumerate(where) if (w.model_dim is not None) is split]
+        if not group:
+            continue
+        dtypes = {shards[i].dtype for i in group}
+        if len(dtypes) > 1:  # one buffer holds one dtype; a cast inside it would change the weights
+            raise TypeError(f"a unit's weights travel in one buffer of one dtype, got {dtypes}")
+        flat = jax.numpy.concatenate([shards[i].ravel() for i in group])  # (L,): the device's
+        if plan.fsdp == 1:  # data parallel: whole already, each device's gradient its own
+            flat = jax.lax.pcast(flat, "data", to="varying")  # (L,)
+            every = flat[None]  # (1, L)
+        else:
+            every = jax.lax.all_gather(flat, "data")  # (N, L): device r's pieces in row r
+        offset = 0
+        for i in group:
+            w, dim = shards[i], where[i].fsdp_dim  # the dimension FSDP split
+            pieces = [every[r, offset : offset + w.size].reshape(w.shape) for r in range(plan.fsdp)]
+            whole[i] = jax.numpy.concatenate(pieces, axis=dim) if len(pieces) > 1 else pieces[0]
+            offset += w.size
+    return whole
 
-    params = jax.tree_util.tree_map_with_path(whole_along_data, params)
-    return nnx.merge(graphdef, params, rest)
+
+# What an FSDP unit's backward computes again rather than keeps: the all-gather, and the moves of
+# data (slices, reshapes, joins, transposes, casts) that make its buffer into whole weights or
+# that a weight passes through before its matmul. Keeping any of them would keep a whole weight.
+REDONE = frozenset({
+    "all_gather", "slice", "dynamic_slice", "reshape", "concatenate", "transpose", "squeeze",
+    "expand_dims", "broadcast_in_dim", "convert_element_type", "reduce_precision", "copy", "name",
+})  # fmt: skip
 
 
-def _whole(x: jax.Array, name: str, mesh: jax.sharding.Mesh, plan: Plan) -> jax.Array:
-    """The weight ``name`` asked for whole along ``data`` (an all-gather where FSDP split it)."""
-    if placement(name, x.shape, plan).fsdp_dim is None:
-        return x  # not split over "data" (a column-split bias): as it is
-    spec = weight_spec(name, x.shape, Plan(tensor_parallel=plan.tensor_parallel))  # "model" only
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+def _keep_all_but_moves(primitive, *_, **__) -> bool:
+    """The checkpoint policy of an FSDP unit: keep every value the backward reads (the
+    activations, the tensor-parallel sums) except what ``REDONE`` names, so the whole weights are
+    gathered again. A policy by primitive, not by ``checkpoint_name``: a name keeps a value from
+    being saved, not the values it is made from (the gathered buffer, its slices), and JAX's
+    ``save_anything_except_these_names`` saves everything in the installed version."""
+    return primitive.name not in REDONE
 
 
-# ---------------------------------------------------------------- FSDP: one layer at a time
-class FullyShardedLayer(nnx.Module):
-    """One encoder or decoder layer as an FSDP unit, wrapped from outside (the layer's own code
-    is unchanged), as torch's ``fully_shard`` wraps each layer:
+class ShardedLayer(nnx.Module):
+    """One encoder or decoder layer as a unit of the written-out step (NumPy's ``ShardedUnit``),
+    wrapped from outside (the layer's own code is unchanged). It runs inside the step's
+    ``shard_map`` (``data_sharded_loss``), on the device's rows of the batch. Under FSDP, as
+    torch's ``fully_shard`` wraps each layer:
 
-    - forward: the layer's weights are gathered whole along ``data`` only once the layer's input
-      exists (an optimization barrier ties the shards to it, so the gathers are not all hoisted
-      to the start), used, and dropped: only the shards and the layer's input are saved;
-    - backward: the weights are gathered again once the gradient from the layer above arrives
-      (tied to it, so XLA cannot reuse the forward's gather and keep it alive in between), the
-      layer's forward is recomputed for its backward, and each weight's gradient, whole on every
-      device and partial (its rows of the batch), is summed over ``data`` and cut to the
-      device's shard at once, before the layer below runs.
+    - forward: the layer's weights gathered whole along ``data`` (``gather_unit``: one all-gather),
+      used, and dropped;
+    - backward: ``jax.checkpoint`` keeps what the layer's backward reads except the whole weights
+      (``_keep_all_but_moves``), so they are gathered again when the backward reaches the layer
+      (the second all-gather), while the activations are the forward's; the gradient of the gather
+      is one reduce-scatter of the layer's flat gradient, before the layer below runs.
 
-    So a device holds its shards, one layer's whole weights and gradients, and the gradient
-    shards of the layers done, where gathering the whole model at the top of the step keeps
-    every whole weight from the forward to the backward and every whole gradient until Adam."""
+    So a device holds its pieces, one layer's whole weights and gradients, and the activations,
+    as torch's and NumPy's FSDP do. Under data parallel the weights are whole on every device;
+    the layer's gradient is all-reduced as one buffer once its backward is done."""
 
     def __init__(self, layer: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan):
         self.layer, self.mesh, self.plan = layer, mesh, plan
@@ -229,116 +265,156 @@ class FullyShardedLayer(nnx.Module):
     def __call__(self, x: jax.Array, *args):
         graphdef, params, rest = nnx.split(self.layer, nnx.Param, ...)
         named, treedef = jax.tree_util.tree_flatten_with_path(params)
-        shards = [weight for _, weight in named]
         names = [_canonical(path) for path, _ in named]
-        specs = [
-            weight_spec(name, w.shape, self.plan) for name, w in zip(names, shards, strict=True)
-        ]
         at = [i for i, arg in enumerate(args) if isinstance(arg, jax.Array)]  # masks, memory
 
-        def forward(weights, x, arrays, rest):  # the layer, on given weights and arrays
+        def run(pieces, x, arrays, rest):  # the layer, from the device's pieces of its weights
+            whole = gather_unit(pieces, names, self.plan)
             full = list(args)
             for i, array in zip(at, arrays, strict=True):
                 full[i] = array
-            # the streams as new variables of this trace (the backward's recomputation advances
-            # them from the state they had before the forward: the forward's masks again)
-            rest = jax.tree.map(lambda value: value, rest)
-            layer = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, weights), rest)
+            layer = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, whole), rest)
             unwrap = tensor_parallel_blocks(layer, self.mesh)  # with tensor parallel
             out = layer(x, *full)
             unwrap()
             return out, nnx.state(layer, nnx.Not(nnx.Param))  # the streams it advanced
 
-        def gathered(weights, after):
-            weights, _ = jax.lax.optimization_barrier((weights, after))  # not before ``after``
-            return [
-                _whole(w, name, self.mesh, self.plan)
-                for w, name in zip(weights, names, strict=True)
-            ]
-
-        def to_shards(gradients):  # summed over "data" and cut to this device's shard
-            return [
-                jax.lax.with_sharding_constraint(g, NamedSharding(self.mesh, spec))
-                for g, spec in zip(gradients, specs, strict=True)
-            ]
-
-        @jax.custom_vjp
-        def run(weights, x, arrays, rest):
-            return forward(gathered(weights, x), x, arrays, rest)
-
-        def run_forward(weights, x, arrays, rest):
-            return run(weights, x, arrays, rest), (weights, x, arrays, rest)
-
-        def run_backward(saved, cotangents):
-            weights, x, arrays, rest = saved
-            d_out, _ = cotangents
-            whole = gathered(weights, d_out)  # gathered again, now that the gradient is here
-            _, pullback = jax.vjp(lambda w, x, a: forward(w, x, a, rest)[0], whole, x, arrays)
-            d_weights, d_x, d_arrays = pullback(d_out)
-            return to_shards(d_weights), d_x, d_arrays, jax.tree.map(_no_gradient, rest)
-
-        run.defvjp(run_forward, run_backward)
-        out, streams = run(shards, x, tuple(args[i] for i in at), rest)
+        if self.plan.fsdp > 1:
+            run = jax.checkpoint(run, policy=_keep_all_but_moves)  # its backward gathers again
+        out, streams = run([w for _, w in named], x, tuple(args[i] for i in at), rest)
         nnx.update(self.layer, streams)
         return out
 
 
-def _no_gradient(x: jax.Array):
-    """The zero cotangent of a non-trainable input (a buffer, a random stream's key or count)."""
-    if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact):
-        return jax.numpy.zeros_like(x)
-    return np.zeros(x.shape, jax.dtypes.float0)
+class BatchRowsDropout(nnx.Module):
+    """A Dropout, wrapped from outside, inside the step's ``shard_map``: it draws the mask of
+    the whole batch from the Dropout's own stream (the one device's mask) and keeps this device's
+    rows of it, so a sharded step drops what one device drops. Each device draws all N devices'
+    random bits: N times the random numbers, beside matmuls N times larger."""
+
+    def __init__(self, dropout: Dropout):
+        self.dropout = dropout
+
+    @property
+    def rate(self) -> float:  # read by the fused kernels, which run only without dropout
+        return self.dropout.rate
+
+    @property
+    def deterministic(self) -> bool:
+        return self.dropout.deterministic
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if not _drops(self.dropout):
+            return self.dropout(x)
+        rate, rows = self.dropout.rate, x.shape[0]  # this device's rows
+        batch = (rows * jax.lax.axis_size("data"), *x.shape[1:])  # (B, ...): the whole batch
+        keep = jax.random.bernoulli(self.dropout.rngs(), 1.0 - rate, batch)  # (B, ...)
+        keep = jax.lax.dynamic_slice_in_dim(keep, jax.lax.axis_index("data") * rows, rows)  # like x
+        return jax.numpy.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)  # like x
 
 
-def fully_sharded(
-    model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan
-) -> tuple[nnx.Module, Callable]:
-    """Inside a jitted step: a copy of ``model`` for the plan's forward pass: with FSDP, each
-    encoder and decoder layer a ``FullyShardedLayer`` and the other weights (embeddings, final
-    norms, output projection) whole along ``data``; without, ``with_whole_weights``; with tensor
-    parallel, each attention and feed-forward block a ``TensorParallelBlock`` (under FSDP, the
-    layer's unit wraps its blocks when it runs). -> (the copy, a function that puts the layers
-    and blocks back, to be called after the forward)."""
-    whole = with_whole_weights(model, mesh, plan, skip_layers=plan.fsdp > 1)
-    stacks = [
-        getattr(whole, name)
-        for name in ("encoder", "decoder")
-        if getattr(whole, name, None) is not None
+def _stacks(model: nnx.Module) -> list[nnx.Module]:
+    """The model's encoder and decoder (those it has): the modules that hold ``layers``."""
+    return [getattr(model, n) for n in ("encoder", "decoder") if getattr(model, n, None)]
+
+
+def wrap_units(model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan) -> Callable[[], None]:
+    """Inside the step's ``shard_map``: each Dropout of ``model`` a ``BatchRowsDropout``, each
+    encoder and decoder layer a ``ShardedLayer``; -> a function that puts them back."""
+    dropouts = [
+        (module, name, child)
+        for _, module in nnx.iter_graph(model)
+        if isinstance(module, nnx.Module)
+        for name, child in list(vars(module).items())
+        if isinstance(child, Dropout)
     ]
-    blocks = []  # their unwrap functions
-    if plan.fsdp > 1:
-        for stack in stacks:
-            units = [FullyShardedLayer(layer, mesh, plan) for layer in stack.layers]
-            stack.layers = nnx.List(units)
-    else:
-        blocks = [tensor_parallel_blocks(layer, mesh) for stack in stacks for layer in stack.layers]
+    for module, name, child in dropouts:
+        setattr(module, name, BatchRowsDropout(child))
+    stacks = _stacks(model)
+    for stack in stacks:
+        stack.layers = nnx.List([ShardedLayer(layer, mesh, plan) for layer in stack.layers])
 
     def unwrap():
-        for unwrap_blocks in blocks:
-            unwrap_blocks()
         for stack in stacks:
-            if plan.fsdp > 1:
-                stack.layers = nnx.List([unit.layer for unit in stack.layers])
+            stack.layers = nnx.List([unit.layer for unit in stack.layers])
+        for module, name, child in dropouts:
+            setattr(module, name, child)
 
-    return whole, unwrap
+    return unwrap
+
+
+def data_sharded_loss(model, inputs: tuple, targets, label_smoothing: float, mesh, plan: Plan):
+    """The loss of a step whose batch is split over ``data`` (FSDP, or data parallel), written out
+    as NumPy's ``Replica.loss_and_grads`` is: in ``jax.shard_map`` over the mesh (``data`` and
+    ``model``), each device runs the model on its rows of the batch with its pieces of the
+    weights. The rest of the model (embeddings, final norms, output projection) is made whole at
+    the start (``gather_unit``: under FSDP one all-gather; its gradient, one reduce-scatter or
+    all-reduce at the end), each layer is a ``ShardedLayer``, and the loss is each device's share,
+    count / total of the non-pad targets, summed over ``data`` (two all-reduces: the count, the
+    loss). With tensor parallel each block's shards are the device's along ``model`` and its
+    ``TensorParallelBlock`` runs inside, where ``model`` is already manual."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    specs = jax.tree_util.tree_map_with_path(
+        lambda path, w: weight_spec(_canonical(path), w.shape, plan), params
+    )
+
+    def local(params, rest, inputs, targets):  # on each device: its pieces, its rows
+        named, treedef = jax.tree_util.tree_flatten_with_path(params)
+        leaves = [w for _, w in named]
+        root = [i for i, (path, _) in enumerate(named) if "layers" not in _keys(path)]
+        names = [_canonical(named[i][0]) for i in root]
+        whole = gather_unit([leaves[i] for i in root], names, plan)
+        for i, w in zip(root, whole, strict=True):
+            leaves[i] = w
+        copy = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves), rest)
+        unwrap = wrap_units(copy, mesh, plan)
+        with inputs_checked():  # checked eagerly, before the jit
+            logits = copy(*inputs).logits  # (B / N, T, V): this device's rows
+        unwrap()
+        count = (targets != model.config.pad_id).sum()  # this device's non-pad targets
+        total = jax.lax.psum(count, "data")  # every device's
+        share = jax.numpy.maximum(count, 1) / jax.numpy.maximum(total, 1)  # its share of the mean
+        loss = share * cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()
+        return jax.lax.psum(loss, "data"), nnx.state(copy, nnx.Not(nnx.Param))
+
+    run = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(specs, P(), P("data"), P("data")),
+        out_specs=(P(), P()),
+    )
+    loss, rest = run(params, rest, inputs, targets)
+    nnx.update(model, rest)  # the dropout streams it advanced
+    return loss
 
 
 def _loss(model, inputs: tuple, targets, label_smoothing: float, mesh, plan: Plan):
-    whole, unwrap = fully_sharded(model, mesh, plan)
+    """The step's loss: with the batch split over ``data``, written out (``data_sharded_loss``);
+    tensor parallel alone, the model with each attention and feed-forward block a
+    ``TensorParallelBlock``."""
+    if plan.data > 1:
+        return data_sharded_loss(model, inputs, targets, label_smoothing, mesh, plan)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    copy = nnx.merge(graphdef, params, rest)
+    stacks = _stacks(copy)
+    blocks = [tensor_parallel_blocks(layer, mesh) for stack in stacks for layer in stack.layers]
     with inputs_checked():  # checked eagerly, before the jit
-        logits = whole(*inputs).logits  # (B, T, V), the batch's rows split over "data"
-    unwrap()
-    keep_random_streams(model, whole)  # the dropout streams it advanced
+        logits = copy(*inputs).logits  # (B, T, V)
+    for unwrap in blocks:
+        unwrap()
+    keep_random_streams(model, copy)  # the dropout streams it advanced
     return cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()
 
 
 # XLA's CPU compiler, told to plan for memory: its default schedule runs independent work early
-# (every layer's gather at the start of the backward), and its all-reduce combiner packs the
-# gradients' reductions into one at the end of the backward, so every whole gradient is alive at
-# once. Both are settings of the CPU compiler (an xla_cpu_ option, a pass of the CPU pipeline).
+# (every layer's gather at the start of the backward); its common-subexpression pass (cse) merges
+# each layer's second gather, in the backward, into its first (they gather the same pieces; on the
+# CPU an optimization barrier does not stop it: the barriers are removed before the last cse), so
+# every layer's whole weights would stay alive from the forward to the backward; and its all-reduce
+# combiner packs data parallel's gradient reductions into one at the end of the backward.
 COMPILER_OPTIONS = {
     "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
-    "xla_disable_hlo_passes": "cpu-all-reduce-combiner",
+    "xla_disable_hlo_passes": "cpu-all-reduce-combiner,cse",
 }
 
 
@@ -549,7 +625,9 @@ class TensorParallelBlock(nnx.Module):
     - "g", at the exit: ``jax.lax.psum`` of the partial outputs of the row-split w_o, w_2 or
       w_down: one all-reduce. That Linear's bias is added once, after the sum.
 
-    The ``data`` axis (the batch's rows, FSDP's gathers) stays GSPMD's. Dropout inside the block
+    Inside the step's ``shard_map`` over the whole mesh (FSDP, data parallel: ``model`` is manual
+    already) the block runs there, on the shards it was given; alone, in its own ``shard_map``
+    over ``model``. Dropout inside the block
     (attention weights, the feed-forward's hidden features) draws each device's masks for its own
     heads or features from its stream folded with the device's index along ``model``: independent
     masks, not the single device's."""
@@ -601,13 +679,16 @@ class TensorParallelBlock(nnx.Module):
                 stream.key[...] = key
             return jax.lax.psum(partial, "model"), nnx.state(block, nnx.Not(nnx.Param))  # "g"
 
-        run = jax.shard_map(
-            local,
-            mesh=self.mesh,
-            in_specs=(specs, P(), P(), P()),
-            out_specs=(P(), P()),
-            axis_names=frozenset({"model"}),
-        )
+        if "model" in jax.sharding.get_abstract_mesh().manual_axes:
+            run = local  # inside FSDP's shard_map: the params are this device's shards already
+        else:
+            run = jax.shard_map(
+                local,
+                mesh=self.mesh,
+                in_specs=(specs, P(), P(), P()),
+                out_specs=(P(), P()),
+                axis_names=frozenset({"model"}),
+            )
         output, rest = run(params, rest, distinct, arrays)
         if any(_drops(module) for _, module in nnx.iter_graph(self.block)):
             nnx.update(self.block, rest)  # the dropout streams it advanced (only they change)
@@ -668,10 +749,13 @@ def tensor_parallel_block(block: nnx.Module, x: jax.Array, mesh: jax.sharding.Me
 
 
 __all__ = [
+    "BatchRowsDropout",
     "COMPILER_OPTIONS",
-    "FullyShardedLayer",
-    "fully_sharded",
+    "ShardedLayer",
+    "data_sharded_loss",
+    "gather_unit",
     "hlo_collectives",
+    "ShardedLayer",
     "shard_batch",
     "shard_model",
     "shard_optimizer",
@@ -685,5 +769,5 @@ __all__ = [
     "tensor_parallel_block",
     "tensor_parallel_blocks",
     "weight_spec",
-    "with_whole_weights",
+    "wrap_units",
 ]

@@ -166,8 +166,12 @@ fig.tight_layout()
 #   (gloo on a CPU); `BlockInput` makes a block's input one DTensor that q, k and v all read, so
 #   the backward adds their parts of its gradient before the one all-reduce;
 # - **JAX**: each weight is placed on the mesh with a `NamedSharding` of the placement's
-#   `PartitionSpec`, the batch's rows over `data`, and the same jitted step runs: XLA's
-#   partitioner inserts FSDP's and data parallelism's collectives.
+#   `PartitionSpec`, the batch's rows over `data`. FSDP's step is written out as NumPy's is: in
+#   `shard_map` each device runs the model on its rows and its pieces, each layer's pieces
+#   travel in one flat buffer (`gather_unit`: one all-gather, and JAX derives its transpose, one
+#   reduce-scatter), and `jax.checkpoint` has the backward gather them again rather than keep
+#   them. Data parallelism is the same step with whole weights: each unit's gradient is one
+#   all-reduce.
 
 # %%
 show("sharding.py", "shard_model", backends=("torch", "jax"))
@@ -184,6 +188,14 @@ show("sharding.py", "weight_spec", backends=("jax",))
 
 # %%
 show("sharding.py", "TensorParallelBlock", backends=("jax",))
+
+# %% [markdown]
+# FSDP's gather JAX writes out too, beside NumPy's `Replica.gather` above: the device's pieces
+# flattened into one buffer, `all_gather` over `data`, each weight joined from the N pieces.
+# Nothing is written for the backward: the transpose of an all-gather is a reduce-scatter.
+
+# %%
+show("sharding.py", "gather_unit", backends=("jax",))
 
 # %% [markdown]
 # Now each backend's sharded gradient against its own one-device gradient on the same batch,
@@ -223,11 +235,11 @@ agreement({name: run[3] for name, run in runs.items()})
 #
 # The collectives of the compiled training step (loss, gradients, Adam) on the 2 x 2 mesh, read
 # from the program's text after XLA's passes, next to the NumPy reference's for the same plan.
-# XLA counts per tensor where NumPy sends one buffer per layer. JAX's FSDP gathers each layer's
-# weights before its forward and again before its backward, as NumPy's does, and recomputes the
-# layer's forward there (so with tensor parallel the blocks' sums run again); on the CPU it
-# reduces each gradient whole before keeping its slice, with no reduce-scatter. Its counts are
-# XLA's choices, not a second reference; the gradients above are what must agree.
+# FSDP's gathers and reduce-scatters carry NumPy's bytes, and Megatron's all-reduces are
+# NumPy's, count and bytes; but with tensor parallel a layer's pieces travel in two buffers
+# (those split over `model`, and those whole along it: the norms, the closing biases), where
+# NumPy's devices send one: in `shard_map` an array is the same on every device of an axis or
+# not, and one buffer would make each device's norm weights its own as far as JAX knows.
 
 # %%
 if "jax" in runs:

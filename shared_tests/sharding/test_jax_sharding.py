@@ -119,7 +119,7 @@ def fsdp_memory() -> dict[str, np.ndarray]:
     return results
 
 
-DROPOUT_PLANS = ("fsdp", "tp", "fsdp-x-tp")
+DROPOUT_PLANS = ("fsdp", "tp", "fsdp-x-tp", "dp-x-tp")
 
 
 def with_dropout() -> dict[str, np.ndarray]:
@@ -349,95 +349,68 @@ def test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_megatrons
         assert int(results[f"{model_name}/{block}/shard_map-grad-all-reduces"]) == 2
 
 
-def megatron_all_reduces(config: Config) -> tuple[int, int]:
-    """(the attention and feed-forward blocks, Megatron's all-reduces of a step): one per block in
-    the forward (its output), and in the backward one per distinct input of a block (its x; a
-    cross-attention's query and its memory)."""
-    encoder = config.num_encoder_layers if config.uses_encoder else 0
-    cross = config.num_decoder_layers if config.decoder_has_cross_attention else 0
-    blocks = 2 * (encoder + config.num_decoder_layers) + cross
-    return blocks, 2 * blocks + cross
+def two_buffer_units(config: Config, plan) -> int:
+    """The units that travel in two buffers under ``plan`` (``gather_unit``): with the batch split
+    over ``data`` and tensor parallel, those holding weights split over ``model`` beside weights
+    whole along it; NumPy's devices send one."""
+    from transformer_run.sharding import fsdp_units, placement
+    from transformer_spec import param_schema
 
-
-def gathers(config: Config, name: str) -> int:
-    """How often XLA's FSDP step gathers the weight ``name``: a layer's twice (its forward, and its
-    backward, which recomputes the forward), except the bias of a post-norm layer's last norm,
-    which only the layer's output reads, so the backward has no use for it; the others once."""
-    if ".layers." not in name:
-        return 1
-    return 1 if not config.norm_first and name.endswith(".ffn_norm.bias") else 2
-
-
-def recomputed_sums(config: Config, blocks: int) -> int:
-    """The tensor-parallel all-reduces XLA's FSDP backward runs again when it recomputes a layer's
-    forward: those whose sum the backward reads. In a post-norm layer, every block's (the norm after
-    it reads the sum); in a pre-norm layer, all but the last block's (the layer's output, the
-    residual sum, is read by no backward operation)."""
-    layers = (config.num_encoder_layers if config.uses_encoder else 0) + config.num_decoder_layers
-    return blocks if not config.norm_first else blocks - layers
+    if plan.data == 1 or plan.tensor_parallel == 1:
+        return 0
+    shapes = param_schema(config)
+    kinds = [{placement(n, shapes[n], plan).model_dim is None for n in names} for _, names in fsdp_units(config)]
+    return sum(len(kind) == 2 for kind in kinds)
 
 
 @pytest.mark.parametrize("plan_name", list(PLANS))
 @pytest.mark.parametrize("model_name", list(CONFIGS))
 def test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them(sharded, model_name, plan_name):
-    """XLA's step, read from the compiled program, against NumPy's written-out step. NumPy counts
-    buffers: FSDP gathers one flat buffer per layer before its forward and again before its
-    backward, and reduce-scatters one per layer; Megatron adds a block's input gradients on each
-    device, then all-reduces once. XLA works per tensor, and on the CPU:
+    """XLA's step, read from the compiled program, against NumPy's written-out step, kind by kind,
+    count and bytes. NumPy counts buffers: FSDP gathers one flat buffer per unit (each layer; the
+    rest of the model) before its forward, a layer's again before its backward, and
+    reduce-scatters one per unit; data parallel all-reduces one per unit; Megatron adds a block's
+    input gradients on each device, then all-reduces once; the loss and the target count are
+    all-reduced. JAX writes the same step out (``data_sharded_loss``, in ``shard_map``; each
+    unit's buffer made whole by ``gather_unit``, whose transposes JAX derives: the reduce-scatter,
+    the all-reduce; each tensor-parallel block a ``TensorParallelBlock``), so:
 
-    - tensor parallel: Megatron's, as NumPy's, since each block is a ``TensorParallelBlock``
-      (shard_map): one all-reduce per block in the forward, and in the backward one per distinct
-      input of a block (q, k and v add their parts of x's gradient on each device first);
-    - data parallel and FSDP: one all-reduce per gradient tensor (NumPy: per layer's buffer), plus
-      the loss's and the target count's, as NumPy's;
-    - FSDP: one all-gather per weight FSDP splits (NumPy: per layer's buffer), a layer's before its
-      forward and again before its backward (``FullyShardedLayer``), the others' once (``gathers``);
-      the backward recomputes the layer's forward, so with tensor parallel the blocks' all-reduces it
-      reads run again (``recomputed_sums``; NumPy keeps the layer's activations instead); and no
-      reduce-scatter: XLA's CPU compiler has no pass that turns an all-reduce followed by each
-      device's slice into a reduce-scatter (its GPU compiler has: ReduceScatterCreator), so each
-      gradient is all-reduced whole, then sliced;
-    - the step is compiled with XLA's all-reduce combiner off (``COMPILER_OPTIONS``), so each
-      all-reduce is its own instruction, as each all-gather is.
+    - FSDP alone and tensor parallel alone: NumPy's, collective by collective;
+    - with tensor parallel and the batch split over ``data`` (FSDP x TP, DP x TP): the same bytes,
+      Megatron's all-reduces, but a layer's pieces travel in two buffers (those split over
+      ``model``, those whole along it: ``two_buffer_units``), so its gathers and its
+      reduce-scatter (under data parallel, its all-reduce) are counted twice;
+    - XLA's all-reduce combiner is off (``COMPILER_OPTIONS``), so each collective is its own
+      instruction, none packed.
     """
     import numpy_impl
     from numpy_impl.sharding import step_collectives
-    from transformer_run.sharding import plan_weights
 
     config, plan = adam_config(model_name), PLANS[plan_name]
     model = numpy_impl.build_model(config, params_of(config, "float64", adam=True))
     reference = step_collectives(model, batch_of(config), plan)
     _, collectives, _ = results_of(sharded)
     counted = collectives[f"{model_name}/{plan_name}"]
-    got = {kind: c["count"] for kind, c in counted.items() if c["count"]}  # no other kind either
-    blocks, megatron = megatron_all_reduces(config)
-    placements = plan_weights(config, plan)
-    want = {}
-    if plan.tensor_parallel > 1:
-        want["all-reduce"] = megatron
-    if plan.data > 1:
-        want["all-reduce"] = want.get("all-reduce", 0) + len(placements) + 2  # the gradients, loss, count
-    if plan.fsdp > 1:  # a layer's weights before its forward and again before its backward
-        want["all-gather"] = sum(
-            gathers(config, name) for name, where in placements.items() if where.fsdp_dim is not None
-        )
-        if plan.tensor_parallel > 1:  # the backward recomputes the layer's forward, its blocks' sums too
-            want["all-reduce"] += recomputed_sums(config, blocks)
+    got = {kind: (c["count"], c["bytes"]) for kind, c in counted.items() if c["count"]}  # no other kind
+    want = {kind: (c["count"], c["bytes"]) for kind, c in reference.items()}
+    split = two_buffer_units(config, plan)
+    if split and plan.fsdp > 1:  # before the forward and again before the backward; one gradient
+        want["all-gather"] = (want["all-gather"][0] + 2 * split, want["all-gather"][1])
+        want["reduce-scatter"] = (want["reduce-scatter"][0] + split, want["reduce-scatter"][1])
+    elif split:  # data parallel: one gradient buffer more
+        want["all-reduce"] = (want["all-reduce"][0] + split, want["all-reduce"][1])
     assert got == want, f"{model_name} {plan_name}: XLA runs {got}, the explanation says {want} (NumPy: {reference})"
-    if plan.tensor_parallel > 1 and plan.data == 1:  # tensor parallel alone: NumPy's, as many and as large
-        assert counted["all-reduce"]["count"] == reference["all-reduce"]["count"] == megatron
-        assert counted["all-reduce"]["bytes"] == reference["all-reduce"]["bytes"]
-    if plan.fsdp > 1:
-        assert set(reference) == {"all-gather", "reduce-scatter", "all-reduce"} and "reduce-scatter" not in got
+    if not split:  # FSDP alone, tensor parallel alone: NumPy's exactly
+        assert got == {kind: (c["count"], c["bytes"]) for kind, c in reference.items()}
     assert all(c["instructions"] == c["count"] for c in counted.values()), counted  # none packed
 
 
 def test_dropout_under_fsdp_draws_one_devices_masks_and_inside_tensor_parallel_blocks_each_devices_own(sharded):
-    """With dropout 0.1: FSDP's 3 Adam steps are one device's (the masks are drawn for the whole
-    batch, and the backward's recomputed forward draws the forward's masks again, else the gradients
-    would be wrong). Inside a tensor-parallel block each device draws its own heads' and features'
-    masks (Megatron's way), so those runs are not one device's, but FSDP x tensor parallel is tensor
-    parallel's: splitting the rows changes no mask."""
+    """With dropout 0.1: FSDP's 3 Adam steps are one device's (each device draws the whole batch's
+    masks and keeps its rows: ``BatchRowsDropout``). Inside a tensor-parallel block each device
+    draws its own heads' and features' masks (Megatron's way), so those runs are not one device's,
+    but FSDP x tensor parallel and data parallel x tensor parallel are tensor parallel's: splitting
+    the rows changes no mask."""
     import jax_impl
 
     config = LLAMA.replace(dropout=0.1)
@@ -445,23 +418,22 @@ def test_dropout_under_fsdp_draws_one_devices_masks_and_inside_tensor_parallel_b
     want = jax_impl.train(single, [batch_of(config)], 3, schedule(config))
     results, _, _ = results_of(sharded)
     np.testing.assert_allclose(results["dropout/fsdp"], want, rtol=TOLERANCE["float64"])
-    np.testing.assert_allclose(results["dropout/fsdp-x-tp"], results["dropout/tp"], rtol=TOLERANCE["float64"])
+    for plan_name in ("fsdp-x-tp", "dp-x-tp"):
+        np.testing.assert_allclose(results[f"dropout/{plan_name}"], results["dropout/tp"], rtol=TOLERANCE["float64"])
     assert np.all(np.isfinite(results["dropout/tp"])) and not np.allclose(results["dropout/tp"], want)
 
 
 def test_fsdp_over_4_devices_allocates_under_0_3_of_one_devices_bytes(sharded):
     """Everything XLA allocates for one device's FSDP step over 4 devices (``step_memory``: its
     arguments, its quarter of the weights and Adam's moments and its rows of the batch; its
-    temporaries, one layer's whole weights and gradients, the gradients' shards, the activations;
-    its outputs, written over the donated weights and moments) against one device's weights,
-    gradients and moments: under 0.3 on a twelve-layer model of 66 MB. The rest beyond a quarter:
-    one layer's whole weights and gradient (XLA's CPU compiler has no reduce-scatter: each gradient
-    is all-reduced whole, then cut), the activations and the batch. On the same model at d_model 72
-    (NumPy's case, 0.28 there without activations) XLA's fixed temporaries are a larger share: 0.44.
-    Measured on the way: without donation the updated weights and moments are new buffers beside
-    the old (0.47 at d_model 576); the whole model gathered at the top of the step, or XLA's default
-    CPU schedule and all-reduce combiner (``COMPILER_OPTIONS``), kept every layer's whole weights or
-    gradients alive at once."""
+    temporaries, one layer's whole weights and gradient, the activations; its outputs, written over
+    the donated weights and moments) against one device's weights, gradients and moments: under 0.3
+    on a twelve-layer model of 66 MB (0.25 measured). On the same model at d_model 72 (NumPy's
+    case, 0.28 there without activations) XLA's fixed temporaries are a larger share (0.43).
+    Measured on the way: with XLA's CSE on (``COMPILER_OPTIONS``), it merges each layer's second
+    gather into its first and keeps every layer's whole weights from the forward to the backward
+    (0.48 at d_model 576); without donation the updated weights and moments are new buffers beside
+    the old."""
     results, _, _ = results_of(sharded)
     for name, bound in (("576", 0.3), ("72", 0.45)):
         total, one = int(results[f"fsdp-4/{name}/total"]), int(results[f"fsdp-4/{name}/one"])
