@@ -710,9 +710,11 @@ PAGES: tuple[Page, ...] = (
             "for each layer's weights whole, it gathered per tensor and, on the CPU, all-reduced each gradient "
             "whole and sliced it, with no reduce-scatter; data parallel's gradients it all-reduced tensor by "
             "tensor.",
-            "Memory per device under FSDP over 4 devices: torch's processes hold exactly a quarter of the "
-            "weights, gradients and Adam moments after a step (`local_bytes`); NumPy's peak, with one layer's "
-            "weights and gradients gathered, is 0.28 of one device at 12 layers; for JAX, everything XLA "
+            "Memory per device under FSDP over 4 devices, against one device's weights, gradients and Adam "
+            "moments: NumPy's peak, with one layer's weights and gradients gathered, is 0.28 at 12 layers; "
+            "torch's fullest rank at the peak of a step on 12 layers at d_model 576, float32, measured by torch's "
+            "own `FSDPMemTracker` (`step_memory`): 0.26 in weights, gradients, moments and FSDP's buffers, "
+            "0.39 with the activations and temporaries; for JAX, everything XLA "
             "allocates for one device's step (`step_memory`: arguments, outputs and temporaries, activations "
             "included) is 0.25 of one device on 12 layers at d_model 576, float32 (at d_model 72 XLA's fixed "
             "temporaries are a larger share: 0.43). The step donates the weights and moments, so that they "
@@ -737,7 +739,7 @@ PAGES: tuple[Page, ...] = (
             "sharding.py: _check_devices, _setup, _quiet, _loss_and_grads_rank, _logits_rank, _collectives_rank, "
             "_train_rank",
             "sharding.py: hlo_collectives, _group_size, step_program, step_memory, CollectiveCounter, "
-            "_whole_buffer_bytes, _nbytes, local_bytes",
+            "_whole_buffer_bytes, _nbytes, _memory_rank",
             "sharding.py: TensorParallelBlock, BlockInput, _closing_linear, _drops, _fold_streams, tensor_parallel_blocks, "
             "tensor_parallel_block",
         ),
@@ -802,13 +804,12 @@ PAGES: tuple[Page, ...] = (
             "NumPy logs each (CollectiveLog).",
             "_group_size": "No counterpart: as hlo_collectives.",
             "step_program": "No counterpart: torch and NumPy run no compiled program.",
-            "step_memory": "No counterpart: torch counts its pieces' bytes (local_bytes); NumPy's Device records "
-            "its peak.",
+            "step_memory": "NumPy: ShardedRun.peak_bytes (each Device records its peak as it gathers and drops).",
             "CollectiveCounter": "No counterpart: JAX reads the compiled program (hlo_collectives); NumPy logs "
             "each collective (CollectiveLog).",
             "_whole_buffer_bytes": "No counterpart: as CollectiveCounter.",
             "_nbytes": "No counterpart: as CollectiveCounter.",
-            "local_bytes": "No counterpart: JAX asks the compiler (step_memory); NumPy's Device records its peak.",
+            "_memory_rank": "No counterpart: one process holds every device.",
             # the communication written out
             "TensorParallelBlock": "torch: BlockInput, with ColwiseParallel and RowwiseParallel (DTensors hide "
             "the all-reduces); NumPy: TensorParallelAttention and TensorParallelFeedForward.",

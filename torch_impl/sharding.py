@@ -254,25 +254,6 @@ def _quiet(logger_name: str):
         logger.setLevel(level)
 
 
-def local_bytes(model, optimizer: Adam | None = None) -> dict[str, int]:
-    """Bytes of the weights, their gradients and Adam's moments this rank holds (its pieces)."""
-
-    def size(tensor) -> int:
-        if tensor is None:
-            return 0
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        return local.numel() * local.element_size()
-
-    parameters = list(model.parameters())
-    held = {
-        "weights": sum(size(p) for p in parameters),
-        "grads": sum(size(p.grad) for p in parameters),
-    }
-    states = optimizer.optimizer.state.values() if optimizer is not None else []
-    held["adam"] = sum(size(state[key]) for state in states for key in ("exp_avg", "exp_avg_sq"))
-    return held
-
-
 COLLECTIVE_KINDS = {  # the ops torch's engines run, by the kinds of transformer_run.sharding
     "all_gather_into_tensor": "all-gather",  # DTensor's (functional collectives)
     "all_gather_into_tensor_coalesced": "all-gather",
@@ -352,6 +333,28 @@ def step_collectives(
     at torch's dispatcher (``CollectiveCounter``): {kind: {"count": n, "bytes": b}}."""
     _check_devices(model, batch, plan)
     return _run(_collectives_rank, model, plan.devices, plan, batch, label_smoothing)
+
+
+def step_memory(
+    model, batch: Mapping[str, Any], plan: Plan, label_smoothing: float = 0.0
+) -> dict[str, int]:
+    """The bytes the fullest rank holds at its peak during one FSDP training step (backward and
+    Adam's update, after a first step has made the moments), measured by torch's own tracker of
+    FSDP2's memory (``FSDPMemTracker``, which follows every tensor the step creates and frees at
+    the dispatcher): ``weights`` (its pieces, and a layer gathered whole), ``gradients``, ``adam``
+    (the moments), ``communication`` (the all-gather's and reduce-scatter's buffers),
+    ``activations``, ``other`` (temporaries, buffers, the inputs) and ``total``."""
+    _check_devices(model, batch, plan)
+    if plan.fsdp == 1:
+        raise ValueError(f"step_memory measures an FSDP step; the plan has fsdp {plan.fsdp}")
+    return _run(_memory_rank, model, plan.devices, plan, batch, label_smoothing)
+
+
+MEMORY_KINDS = {  # FSDPMemTracker's categories, by what they hold
+    "Sharded Param": "weights", "Unsharded Param": "weights", "Sharded Grad": "gradients",
+    "Unsharded Grad": "gradients", "OptState": "adam", "All Gather": "communication",
+    "Reduce Scatter": "communication", "Activation": "activations",
+}  # fmt: skip
 
 
 def sharded_train(
@@ -442,6 +445,32 @@ def _collectives_rank(model, rank, devices, plan, batch, label_smoothing):
     with CollectiveCounter() as counter:
         sharded_train_step(sharded, optimizer, batch, label_smoothing, mesh=mesh)
     return counter.counts
+
+
+def _memory_rank(model, rank, devices, plan, batch, label_smoothing):
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker  # torch's, not public
+
+    sharded, mesh = _setup(model, plan)
+    optimizer = Adam(sharded, lambda t: 1e-3)
+    sharded_train_step(sharded, optimizer, batch, label_smoothing, mesh=mesh)  # the moments exist
+    tracker = FSDPMemTracker(sharded, optimizer.optimizer)
+    with tracker:
+        sharded_train_step(sharded, optimizer, batch, label_smoothing, mesh=mesh)
+    peak = tracker.get_tracker_snapshot("peak")[_device(sharded)]  # {category: bytes}
+    kinds = ("weights", "gradients", "adam", "communication", "activations", "other", "total")
+    held = dict.fromkeys(kinds, 0)
+    for category, size in peak.items():
+        name = getattr(category, "value", category)  # a category, or the string "Total"
+        if name != "Total":
+            held[MEMORY_KINDS.get(name, "other")] += size
+    held["total"] = sum(held.values())
+    # the fullest rank's: each rank's total, the largest, and that rank's breakdown
+    totals = [torch.zeros((), dtype=torch.int64) for _ in range(devices)]
+    dist.all_gather(totals, torch.tensor(held["total"]))
+    fullest = int(torch.stack(totals).argmax())
+    breakdown = torch.tensor([held[kind] for kind in kinds])
+    dist.broadcast(breakdown, src=fullest)
+    return dict(zip(kinds, (int(b) for b in breakdown), strict=True))
 
 
 def _train_rank(model, rank, devices, plan, batches, steps, rates, label_smoothing, callback, seed,

@@ -31,7 +31,7 @@ from transformer_backends.tolerances import TOLERANCE, max_relative_difference
 from transformer_run.schedules import warmup_schedule
 from transformer_spec import Config, init_params
 
-from .cases import CONFIGS, LLAMA, PLANS, STEPS, batch_of, gradient_error, with_biases
+from .cases import CONFIGS, LLAMA, MEMORY_CASE, PLANS, STEPS, batch_of, gradient_error, with_biases
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEVICES = 4
@@ -99,7 +99,6 @@ def child(out: str) -> None:
     pathlib.Path(f"{out}.collectives.json").write_text(json.dumps(collectives))
 
 
-MEMORY_CASE = LLAMA.replace(num_decoder_layers=12, d_model=576, d_ff=288)  # 66 MB of float32 weights
 
 
 def fsdp_memory() -> dict[str, np.ndarray]:
