@@ -9,10 +9,21 @@ schedules would count steps from 0, ours from 1.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import optax
 from flax import nnx
+
+
+@functools.cache
+def _adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+    """optax's Adam, its hyperparameters held in its state (``inject_hyperparams``; the rate is
+    set before each step), one transformation for each (b1, b2, eps): Flax keeps it in the
+    optimizer's graph, so two optimizers that share it have the same graph, and a step jitted
+    (and compiled) for one model and optimizer runs again for another of the same structure,
+    where a new transformation each time would compile the step again."""
+    return optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps)
 
 
 class Adam:
@@ -24,10 +35,7 @@ class Adam:
         eps: float = 1e-9,
     ):
         self.model, self.schedule, self.betas, self.eps = model, schedule, betas, eps
-        transform = optax.inject_hyperparams(optax.adam)(
-            learning_rate=schedule(1), b1=betas[0], b2=betas[1], eps=eps
-        )
-        self.optimizer = nnx.Optimizer(model, transform, wrt=nnx.Param)
+        self.optimizer = nnx.Optimizer(model, _adam(*betas, eps), wrt=nnx.Param)
         self.t = 0
 
     def set_learning_rate(self) -> float:  # differs: framework-optimizer

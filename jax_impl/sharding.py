@@ -432,11 +432,31 @@ def _sharded_loss_and_grads(model, inputs, targets, label_smoothing, mesh, plan)
     return nnx.value_and_grad(_loss)(model, inputs, targets, label_smoothing, mesh, plan)
 
 
+_PROGRAMS: dict[tuple, Any] = {}  # the compiled programs, by what they were compiled for
+_KEPT_PROGRAMS = 16  # the most recent
+
+
 def _compile(step, *args, label_smoothing: float, mesh, plan: Plan):
     """``step`` (one of the two above) compiled ahead of time with ``COMPILER_OPTIONS``: the
-    compiled program is called with the same nnx objects and arrays, without the static ones."""
-    lowered = step.lower(*args, label_smoothing, mesh, plan)
-    return lowered.compile(compiler_options=COMPILER_OPTIONS)
+    compiled program is called with the same nnx objects and arrays, without the static ones.
+    Kept, as ``jax.jit`` keeps its own, for each graph of the nnx objects (their structure and
+    static attributes) and each shape, dtype and placement of the arrays: ``step_collectives``
+    and then ``sharded_train`` on the same model and plan compile one program, not two."""
+    key = (step, label_smoothing, mesh, plan, *(_signature(arg) for arg in args))
+    if key not in _PROGRAMS:
+        lowered = step.lower(*args, label_smoothing, mesh, plan)
+        _PROGRAMS[key] = lowered.compile(compiler_options=COMPILER_OPTIONS)
+        while len(_PROGRAMS) > _KEPT_PROGRAMS:
+            del _PROGRAMS[next(iter(_PROGRAMS))]  # the oldest
+    return _PROGRAMS[key]
+
+
+def _signature(arg) -> tuple:
+    """What a compiled program depends on in ``arg``: an nnx object's graph, and each array's
+    shape, dtype and sharding."""
+    graph = nnx.graphdef(arg) if isinstance(arg, nnx.Pytree) else None
+    leaves = jax.tree.leaves(nnx.state(arg) if graph is not None else arg)
+    return graph, tuple((np.shape(x), str(x.dtype), getattr(x, "sharding", None)) for x in leaves)
 
 
 def _checked(model, batch: Mapping[str, Any]) -> tuple[tuple, jax.Array]:
@@ -600,6 +620,9 @@ def _compiled_step(model, batch: Mapping[str, Any], plan: Plan):
     optimizer = Adam(model, lambda step: 1e-3)
     shard_model(model, mesh, plan)
     shard_optimizer(optimizer, mesh, plan)
+    training = any(not m.deterministic for _, m in nnx.iter_graph(model) if isinstance(m, Dropout))
+    model.train()  # as the training loop sets it (dropout on), with new streams: the program
+    seed_dropout(model, 0)  # training runs, compiled once for both
     try:
         inputs, targets = _checked(model, shard_batch(batch, mesh))
         adam = optimizer.optimizer
@@ -607,6 +630,8 @@ def _compiled_step(model, batch: Mapping[str, Any], plan: Plan):
             _sharded_update, model, adam, inputs, targets, label_smoothing=0.0, mesh=mesh, plan=plan
         )
     finally:
+        if not training:
+            model.eval()  # as it came
         gather(model)
 
 
