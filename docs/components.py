@@ -562,7 +562,7 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "gradients.py: loss_and_grads",
-            "optim.py: Adam",
+            "optim.py: Adam, _adam",
             "train.py: _update, train_step, _cached_update, train",
             "transformer_run/train.py: train_loop, TrainingState",
             "train.py: training_state, restore_training_state, _adam_moments, _set_adam_moments, "
@@ -581,6 +581,7 @@ PAGES: tuple[Page, ...] = (
         ),
         notes={
             "_update": "Not needed: eager code needs no separately compiled update.",
+            "_adam": "Not needed: torch's and NumPy's Adam compile nothing; a new one per run costs nothing.",
             "_cached_update": "Not needed: nothing walks the module graph on each step.",
             "_adam_moment_variables": "Not needed: the moments are found by the parameter (torch) or by "
             "the canonical name (NumPy's own Adam), not by a path through optax's state.",
@@ -734,7 +735,7 @@ PAGES: tuple[Page, ...] = (
             "_fsdp_dim, shard_optimizer, shard_batch, _keys, _canonical, _parameter_names, _device, _layers",
             "sharding.py: gather_unit, _keep_all_but_moves, ShardedLayer, BatchRowsDropout, _stacks, wrap_units, "
             "data_sharded_loss, _loss, "
-            "_sharded_update, _sharded_loss_and_grads, _compile, _compiled_step, "
+            "_sharded_update, _sharded_loss_and_grads, _compile, _signature, _compiled_step, "
             "_checked, _rows, gather, sharded_train_step, sharded_backward, _sum_over, whole, sharded_logits",
             "sharding.py: _check_devices, _setup, _quiet, _loss_and_grads_rank, _logits_rank, _collectives_rank, "
             "_train_rank",
@@ -776,6 +777,7 @@ PAGES: tuple[Page, ...] = (
             "its units (fsdp_units).",
             "data_sharded_loss": "NumPy: Replica.loss_and_grads; torch: each rank's step (sharded_train_step).",
             "_compile": "No counterpart: torch and NumPy run their step eagerly.",
+            "_signature": "No counterpart: as _compile.",
             "_loss": "No counterpart: torch's step and NumPy's run the loss in their own step functions.",
             "_sharded_update": "No counterpart: torch's step is sharded_train_step; NumPy's is ShardedRun's.",
             "_sharded_loss_and_grads": "No counterpart: as _sharded_update.",

@@ -17,7 +17,7 @@ from flax import nnx
 
 
 @functools.cache
-def _adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+def _adam(b1: float, b2: float, eps: float):  # differs: framework-optimizer
     """optax's Adam, its hyperparameters held in its state (``inject_hyperparams``; the rate is
     set before each step), one transformation for each (b1, b2, eps): Flax keeps it in the
     optimizer's graph, so two optimizers that share it have the same graph, and a step jitted
