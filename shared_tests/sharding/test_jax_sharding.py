@@ -1,11 +1,12 @@
 """JAX's sharded step is the single-device step: FSDP, tensor parallel, FSDP x tensor parallel and
 data parallel x tensor parallel (weights placed with ``NamedSharding`` on a ``("data", "model")``
-mesh of simulated CPU devices, jit placing the collectives) on the Llama-style decoder and the
-paper's encoder-decoder give one device's loss and gradients (float64, and float32 for two plans)
+mesh of simulated CPU devices; the step written out in ``shard_map``) on the Llama-style decoder and
+the paper's encoder-decoder give one device's loss and gradients (float64, and float32 for two plans)
 and 20 float64 Adam steps its losses and weights; the tensor-parallel blocks written with
 ``shard_map`` give the jit version's output with one all-reduce (the psum); the collectives of the
-compiled step are those NumPy's written-out step names, where XLA's rewrites (counted and explained
-below) allow; a sharded run's checkpoint (whole tensors, canonical names) loads into every backend.
+compiled step are NumPy's written-out step's, kind by kind (where they differ, counted and explained
+below); dropout draws one device's masks; FSDP's memory per device; a sharded run's checkpoint (whole
+tensors, canonical names) loads into every backend.
 
 The mesh's devices must be asked for before JAX starts, so one child process
 (``python -m shared_tests.sharding.test_jax_sharding child OUT``) computes everything on 4 simulated
