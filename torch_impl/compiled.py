@@ -36,6 +36,7 @@ intermediates to record.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -80,7 +81,12 @@ def _loss(model: torch.nn.Module, inputs: tuple, targets: torch.Tensor, label_sm
     return cross_entropy(logits, targets, model.config.pad_id, label_smoothing)  # ()
 
 
-_compiled_loss = torch.compile(_loss)  # one per process: its graphs are guarded by model structure
+@functools.cache
+def _compiled_loss() -> Callable:
+    """``_loss`` compiled, one per process (its graphs are guarded by the model's structure);
+    made on first use, since ``torch.compile`` imports TorchDynamo (seconds), which a process
+    that never compiles should not wait for."""
+    return torch.compile(_loss)
 
 
 def compiled_train_step(
@@ -103,7 +109,7 @@ def compiled_train_step(
     inputs = model.check_inputs(*inputs)  # checked and converted, eagerly
     targets = token_ids("targets", targets, model.config.tgt_vocab_size, None, model)  # (B, T)
     with torch.enable_grad(), inputs_checked():  # callers may hold a no_grad context
-        loss = _compiled_loss(model, inputs, targets, label_smoothing)  # ()
+        loss = _compiled_loss()(model, inputs, targets, label_smoothing)  # ()
         loss.backward()  # the compiled backward fills every parameter's .grad
     optimizer.step()
     return float(loss.detach())

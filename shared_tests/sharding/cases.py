@@ -3,11 +3,14 @@ sharded step is held to the same single-device numbers on the same inputs."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from transformer_run.batches import encoder_decoder_batch
+from transformer_run.schedules import warmup_schedule
 from transformer_run.sharding import Plan
-from transformer_spec import Config
+from transformer_spec import Config, init_params
 
 from ..helpers import padded_batch
 
@@ -45,6 +48,46 @@ def with_biases(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(2)
     return {n: p + 0.1 * rng.standard_normal(p.shape).astype(p.dtype) if n.endswith("bias") else p
             for n, p in params.items()}  # fmt: skip
+
+
+def params_of(config: Config, dtype: str) -> dict[str, np.ndarray]:
+    """The seeded weights with random biases (the loss and gradients are checked on these)."""
+    return with_biases(init_params(config, seed=0, dtype=dtype))
+
+
+def adam_config(name: str) -> Config:
+    """The model the Adam runs train: without attention biases. The key projection's bias has a
+    gradient that is zero in exact arithmetic, and Adam turns its rounding noise into updates of
+    about the learning rate, different on each summation order. Seeded weights (no random biases)."""
+    return CONFIGS[name].replace(attention_bias=False)
+
+
+def schedule(config: Config):
+    return warmup_schedule(config.d_model, warmup_steps=400, factor=0.5)
+
+
+@functools.cache
+def one_device(name: str, dtype: str) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
+    """The reference's single device on CONFIGS[name] and its batch: (logits, loss, gradients),
+    NumPy's (float64 or float32), which every backend's sharded step is held to. Shared: read only."""
+    import numpy_impl
+
+    config, batch = CONFIGS[name], batch_of(CONFIGS[name])
+    model = numpy_impl.build_model(config, params_of(config, dtype))
+    logits = model(*(batch[k] for k in batch if k not in ("tgt_out", "targets"))).logits
+    return (logits, *numpy_impl.loss_and_grads(model, batch))
+
+
+@functools.cache
+def one_device_training(name: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The reference's single device trained STEPS Adam steps on adam_config(name): (each step's
+    loss, the final weights). Shared: read only."""
+    import numpy_impl
+
+    config = adam_config(name)
+    model = numpy_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
+    losses = numpy_impl.train(model, [batch_of(config)], STEPS, schedule(config))
+    return np.array(losses), numpy_impl.to_params(model)
 
 
 def gradient_error(got: dict[str, np.ndarray], want: dict[str, np.ndarray], dtype: str) -> float:

@@ -24,11 +24,22 @@ from numpy_impl.sharding import (
 )
 from transformer_backends.tolerances import TOLERANCE, max_relative_difference
 from transformer_run.checkpoint import load_checkpoint, save_checkpoint
-from transformer_run.schedules import warmup_schedule
 from transformer_run.sharding import Plan, fsdp_units, plan_weights
 from transformer_spec import Config, init_params, param_schema
 
-from .cases import CONFIGS, LLAMA, PAPER, PLANS, STEPS, batch_of, gradient_error, with_biases
+from .cases import (
+    CONFIGS,
+    LLAMA,
+    PLANS,
+    STEPS,
+    adam_config,
+    batch_of,
+    gradient_error,
+    one_device,
+    one_device_training,
+    params_of,
+    schedule,
+)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -36,10 +47,9 @@ from .cases import CONFIGS, LLAMA, PAPER, PLANS, STEPS, batch_of, gradient_error
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 def test_every_plan_gives_the_single_device_logits_loss_and_gradients(config_name, plan_name, dtype):
     config, plan = CONFIGS[config_name], PLANS[plan_name]
-    model = numpy_impl.build_model(config, with_biases(init_params(config, seed=0, dtype=dtype)))
+    model = numpy_impl.build_model(config, params_of(config, dtype))
     batch = batch_of(config)
-    want_loss, want = numpy_impl.loss_and_grads(model, batch)
-    want_logits = model(*(batch[k] for k in batch if k not in ("tgt_out", "targets"))).logits
+    want_logits, want_loss, want = one_device(config_name, dtype)
     run = ShardedRun(model, plan)
     _, logits = run.loss_and_grads(batch)  # every data rank's rows, in order
     assert max_relative_difference(logits, want_logits) <= TOLERANCE[dtype]
@@ -53,18 +63,13 @@ def test_every_plan_gives_the_single_device_logits_loss_and_gradients(config_nam
 @pytest.mark.parametrize("plan_name", list(PLANS))
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 def test_twenty_float64_adam_steps_give_the_single_device_weights(config_name, plan_name):
-    """Every tensor to 1e-12 of its largest entry. The paper's model without attention biases: the
-    key-projection bias's gradient is zero in exact arithmetic, and Adam turns its rounding noise into
-    updates of about the learning rate, different on each summation order."""
-    config = CONFIGS[config_name].replace(attention_bias=False)
-    params = init_params(config, seed=0, dtype="float64")
-    schedule = warmup_schedule(config.d_model, warmup_steps=400, factor=0.5)
-    single = numpy_impl.build_model(config, params)
-    want_losses = numpy_impl.train(single, [batch_of(config)], STEPS, schedule)
-    model = numpy_impl.build_model(config, params)
-    losses = sharded_train(model, [batch_of(config)], STEPS, schedule, plan=PLANS[plan_name])
+    """Every tensor to 1e-12 of its largest entry (the model without attention biases: adam_config)."""
+    config = adam_config(config_name)
+    want_losses, want = one_device_training(config_name)
+    model = numpy_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
+    losses = sharded_train(model, [batch_of(config)], STEPS, schedule(config), plan=PLANS[plan_name])
     np.testing.assert_allclose(losses, want_losses, rtol=1e-12)
-    got, want = numpy_impl.to_params(model), numpy_impl.to_params(single)
+    got = numpy_impl.to_params(model)
     worst = max(max_relative_difference(got[name], want[name]) for name in want)
     assert worst <= TOLERANCE["float64"], f"weights after {STEPS} Adam steps differ by {worst:.2e}"
     assert want_losses[-1] < want_losses[0]
@@ -136,9 +141,8 @@ def test_fsdp_over_4_devices_holds_under_a_third_of_one_devices_weights_gradient
 
 
 def test_a_sharded_checkpoint_holds_whole_tensors_every_backend_loads(backend, tmp_path):
-    config = PAPER.replace(attention_bias=False)
+    config = adam_config("paper")
     params = init_params(config, seed=0, dtype="float64")
-    schedule = warmup_schedule(config.d_model, warmup_steps=400, factor=0.5)
     path = tmp_path / "sharded.safetensors"
     model = numpy_impl.build_model(config, params)
 
@@ -146,9 +150,9 @@ def test_a_sharded_checkpoint_holds_whole_tensors_every_backend_loads(backend, t
         save_checkpoint(str(path), config, numpy_impl.to_params(model), state, {"plan": "fsdp 2 x tp 2"})
 
     plan = PLANS["fsdp-x-tp"]
-    sharded_train(model, [batch_of(config)], 3, schedule, plan=plan, checkpoint=checkpoint)
+    sharded_train(model, [batch_of(config)], 3, schedule(config), plan=plan, checkpoint=checkpoint)
     single = numpy_impl.build_model(config, params)
-    numpy_impl.train(single, [batch_of(config)], 3, schedule, checkpoint=lambda s: setattr(single, "state", s))
+    numpy_impl.train(single, [batch_of(config)], 3, schedule(config), checkpoint=lambda s: setattr(single, "state", s))
     saved = load_checkpoint(str(path))
     assert set(saved.params) == set(param_schema(config)) == set(plan_weights(config, plan))
     loaded = backend.impl.to_params(backend.impl.load_model(str(path), dtype="float64"))

@@ -86,7 +86,9 @@ def test_the_pieces_of_every_weight_join_into_the_whole(plan):
         where = placement(name, whole.shape, plan)
         pieces = {(f, t): piece(whole, where, plan, f, t) for f in shards for t in range(plan.tensor_parallel)}
         sizes = {p.size for p in pieces.values()}
-        split = (plan.fsdp if where.fsdp_dim is not None else 1) * (plan.tensor_parallel if where.model_dim is not None else 1)
+        split = (plan.fsdp if where.fsdp_dim is not None else 1) * (
+            plan.tensor_parallel if where.model_dim is not None else 1
+        )
         assert sizes == {whole.size // split}, name
         np.testing.assert_array_equal(join(pieces, where, plan), whole)
 
@@ -109,7 +111,10 @@ def test_fsdp_units_are_the_layers_then_the_rest_and_hold_every_weight_once():
         (["--fsdp", "2", "--data-parallel", "2"], ("data_parallel 2", "fsdp 2")),
         (["--heads", "5"], ("--heads 5", "d_model (36)")),
         (["--heads", "4", "--d-ff", "48", "--fsdp", "2", "--dtype", "bfloat16"], ("--fsdp 2", "bfloat16")),
-        (["--heads", "4", "--d-ff", "48", "--tensor-parallel", "2", "--data-parallel", "4"], ("6 rows", "4 data devices")),
+        (
+            ["--heads", "4", "--d-ff", "48", "--tensor-parallel", "2", "--data-parallel", "4"],
+            ("6 rows", "4 data devices"),
+        ),
     ],
 )
 def test_a_plan_the_task_cannot_run_is_one_line_and_status_2(capsys, argv, words):
