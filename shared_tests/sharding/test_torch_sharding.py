@@ -9,7 +9,8 @@ canonical names) loads into every backend with one device's weights and moments.
 Two groups of processes, started once and run side by side (``python -m
 shared_tests.sharding.test_torch_sharding``, one process per rank meeting through a file, as
 torchrun's would): 2 ranks for FSDP and tensor parallel alone, 4 for the 2-D meshes and FSDP over 4.
-Each writes what it measured to an .npz for the tests to hold to one device.
+Each writes what it measured to an .npz for the tests to hold to one device: the reference's
+(NumPy's, ``cases.one_device``), which torch's own single device equals to ~1e-15 in the parity suite.
 """
 
 from __future__ import annotations
@@ -27,7 +28,18 @@ import pytest
 from transformer_backends.tolerances import TOLERANCE, max_relative_difference
 from transformer_run.sharding import Plan
 
-from .cases import CONFIGS, MEMORY_CASE, STEPS, batch_of, gradient_error, with_biases
+from .cases import (
+    CONFIGS,
+    MEMORY_CASE,
+    STEPS,
+    adam_config,
+    batch_of,
+    gradient_error,
+    one_device,
+    one_device_training,
+    params_of,
+    schedule,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GROUPS = {  # processes: {name: plan}
@@ -38,25 +50,6 @@ GROUPS = {  # processes: {name: plan}
 PLANS = {name: plan for plans in GROUPS.values() for name, plan in plans.items()}
 CHECKPOINTED = "fsdp-x-tp"  # the run whose checkpoint every backend loads
 CHILD_TIMEOUT = 400  # seconds
-
-
-def schedule(config):
-    from transformer_run.schedules import warmup_schedule
-
-    return warmup_schedule(config.d_model, warmup_steps=400, factor=0.5)
-
-
-def trained(config):
-    """The model the Adam runs train: without attention biases, as in NumPy's test. The key
-    projection's bias has a gradient that is zero in exact arithmetic, and Adam turns its rounding
-    noise into updates of ~1e-8 of the rate, different for each order of summation."""
-    return config.replace(attention_bias=False)
-
-
-def params_of(config, dtype: str) -> dict[str, np.ndarray]:
-    from transformer_spec import init_params
-
-    return with_biases(init_params(config, seed=0, dtype=dtype))
 
 
 # ------------------------------------------------------------------------------ in each process
@@ -95,8 +88,8 @@ def child(processes: int, out: str, rank: int, init_file: str) -> None:
             results[f"{key}/collectives"] = json.dumps(counts)
             if plan_name == "fsdp-4":
                 continue
-            config = trained(config)
-            model = torch_impl.build_model(config, params_of(config, "float64"))
+            config = adam_config(model_name)
+            model = torch_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
             checkpoint = None
             if plan_name == CHECKPOINTED:
                 path = f"{out}.{model_name}.safetensors"
@@ -204,25 +197,12 @@ def test_2d_meshes_and_fsdp_over_4_processes_equal_one_device(groups):
     check_fsdp_memory(results)
 
 
-def single_device(config, dtype: str):
-    """-> (logits, loss, gradients) of one process."""
-    import torch
-
-    import torch_impl
-    from transformer_run.batches import split_batch
-
-    model, batch = torch_impl.build_model(config, params_of(config, dtype)), batch_of(config)
-    inputs, _ = split_batch(config, batch)
-    with torch.no_grad():
-        logits = model(*(torch.as_tensor(x) for x in inputs)).logits.numpy()
-    return (logits, *torch_impl.loss_and_grads(model, batch))
-
-
 def check_logits_loss_and_gradients(results, plan_name: str, model_name: str) -> None:
-    """float64 within 1e-12 and float32 within 1e-5 of one process, per tensor."""
+    """float64 within 1e-12 and float32 within 1e-5, per tensor, of the reference's single device
+    (NumPy's, ``cases.one_device``)."""
     key = f"{plan_name}/{model_name}"
     for dtype in ("float64", "float32"):
-        want_logits, want_loss, want = single_device(CONFIGS[model_name], dtype)
+        want_logits, want_loss, want = one_device(model_name, dtype)
         error = max_relative_difference(results[f"{key}/{dtype}/logits"], want_logits)
         assert error <= TOLERANCE[dtype], f"{key} {dtype}: logits differ by {error:.2e}"
         assert abs(float(results[f"{key}/{dtype}/loss"]) - want_loss) / want_loss <= TOLERANCE[dtype], key
@@ -232,15 +212,13 @@ def check_logits_loss_and_gradients(results, plan_name: str, model_name: str) ->
 
 
 def check_twenty_adam_steps(results, plan_name: str, model_name: str) -> None:
-    """The loss of every step and each trained weight within 1e-12 (float64) of one process's run."""
-    import torch_impl
-
-    config, key = trained(CONFIGS[model_name]), f"{plan_name}/{model_name}"
-    model = torch_impl.build_model(config, params_of(config, "float64"))
-    curve = np.array(torch_impl.train(model, [batch_of(config)], STEPS, schedule(config)))
+    """The loss of every step and each trained weight within 1e-12 (float64) of the reference's
+    single device after the same steps (``cases.one_device_training``)."""
+    key = f"{plan_name}/{model_name}"
+    curve, want, _ = one_device_training(model_name)
     assert np.max(np.abs(results[f"{key}/curve"] - curve) / curve) <= TOLERANCE["float64"], key
-    for name, want in torch_impl.to_params(model).items():
-        error = max_relative_difference(results[f"{key}/trained/{name}"], want)
+    for name, weight in want.items():
+        error = max_relative_difference(results[f"{key}/trained/{name}"], weight)
         assert error <= TOLERANCE["float64"], f"{key}: {name} differs by {error:.2e} after {STEPS} steps"
 
 
@@ -280,24 +258,20 @@ def check_fsdp_memory(results) -> None:
 
 def check_checkpoint(out: pathlib.Path, model_name: str) -> None:
     """Saved from the FSDP x tensor parallel run: whole tensors under the canonical names, equal to
-    one process's weights and Adam moments after the same steps, and loaded by every backend."""
+    the reference's single device's weights and Adam moments after the same steps, and loaded by
+    every backend."""
     import importlib
 
-    import torch_impl
     from transformer_run.checkpoint import load_checkpoint
 
-    config = trained(CONFIGS[model_name])
     saved = load_checkpoint(f"{out}.{model_name}.safetensors")
-    model = torch_impl.build_model(config, params_of(config, "float64"))
-    states = []
-    torch_impl.train(model, [batch_of(config)], STEPS, schedule(config), checkpoint=states.append,
-                     checkpoint_every=STEPS)  # fmt: skip
-    want = torch_impl.to_params(model)
+    _, want, moments = one_device_training(model_name)
     assert saved.state.step == STEPS and sorted(saved.params) == sorted(want)
     for name in want:
         error = max_relative_difference(saved.params[name], want[name])
         assert error <= TOLERANCE["float64"], f"checkpoint {model_name}: {name} differs by {error:.2e}"
-    for name, moment in states[-1].moments.items():
+    assert sorted(saved.state.moments) == sorted(moments)
+    for name, moment in moments.items():
         error = max_relative_difference(saved.state.moments[name], moment)
         assert error <= TOLERANCE["float64"], f"checkpoint {model_name}: Adam's {name} differs by {error:.2e}"
     for backend in ("numpy", "torch", "jax"):
