@@ -486,13 +486,15 @@ PAGES: tuple[Page, ...] = (
         ),
         code=(
             "model.py: Generator, Transformer, TransformerLM, Pooler, TransformerEncoderModel",
-            "compiled.py: _run, compiled, _loss, compiled_train_step, compile_layers",
+            "compiled.py: _run, compiled, _loss, _compiled_loss, compiled_train_step, compile_layers",
             "checks.py: readable, to_backend, device_of, token_ids, attention_mask, check_float_inputs, weights_dtype",
         ),
         tests=("*test_models.py::*",),
         notes={
             "_run": "Not needed: runs eagerly, op by op.",
             "_loss": "Not needed: JAX compiles its whole training step (train.py's _update); NumPy has no compiler.",
+            "_compiled_loss": "Not needed: `jax.jit` is cheap to import; torch.compile imports TorchDynamo (seconds), "
+            "so torch compiles `_loss` on first use.",
             "compiled_train_step": "Not needed: JAX's train_step is always jit-compiled; NumPy has no compiler.",
             "compile_layers": "Not needed: JAX's decoding steps are always jit-compiled (generate.py); NumPy has "
             "no compiler.",
