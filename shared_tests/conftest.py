@@ -128,7 +128,7 @@ SLOW = {
         "test_fsdp_and_tensor_parallel_over_2_processes_equal_one_device",
         "test_2d_meshes_and_fsdp_over_4_processes_equal_one_device",
     },
-    # JAX's sharded runs: one child process on 4 simulated devices, which every test waits for
+    # JAX's sharded runs: two child processes on 4 simulated devices, which every test waits for
     "sharding/test_jax_sharding.py": {
         "test_every_plan_gives_the_single_device_loss_and_gradients",
         "test_twenty_float64_adam_steps_give_the_single_device_losses_and_weights",

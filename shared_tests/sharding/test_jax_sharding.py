@@ -8,9 +8,9 @@ compiled step are NumPy's written-out step's, kind by kind (where they differ, c
 below); dropout draws one device's masks; FSDP's memory per device; a sharded run's checkpoint (whole
 tensors, canonical names) loads into every backend.
 
-The mesh's devices must be asked for before JAX starts, so one child process
-(``python -m shared_tests.sharding.test_jax_sharding child OUT``) computes everything on 4 simulated
-devices and writes it to a .npz; the tests compare it with one device of the reference (NumPy's,
+The mesh's devices must be asked for before JAX starts, so two child processes, one per model,
+side by side (processes.py) (``python -m shared_tests.sharding.test_jax_sharding child FOLDER PART``), compute
+everything on 4 simulated devices and write it to .npz files; the tests compare it with one device of the reference (NumPy's,
 computed here while the child runs, and shared with NumPy's sharding test: ``cases.one_device``),
 except for dropout, whose masks are JAX's own. The models, batches and plans are NumPy's test's.
 """
@@ -20,11 +20,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
 import pathlib
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -47,17 +44,22 @@ from .cases import (
     schedule,
 )
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEVICES = 4
 FLOAT32 = {("llama", "tp"), ("paper", "fsdp-x-tp")}  # (model, plan) also run in float32
 CHECKPOINTED = ("llama", "fsdp-x-tp")  # the run whose checkpoint every backend loads
-CHILD_TIMEOUT = 600  # seconds; the child takes ~2 minutes of CPU
 
 
 # ------------------------------------------------------------------------------ the child
-def child(out: str) -> None:
-    """On 4 simulated devices: each plan's loss and gradients, 20 Adam steps (losses, final
-    weights, a checkpoint), the collectives of its compiled step; the shard_map blocks."""
+PARTS = {  # the two children, run side by side: each model's plans, and what else it computes
+    "llama": ("fsdp_memory", "with_dropout"),
+    "paper": ("shard_map_blocks",),
+}
+
+
+def child(folder: str, part: str) -> None:
+    """On 4 simulated devices, for the model ``part``: each plan's loss and gradients, 20 Adam
+    steps (losses, final weights, a checkpoint), the collectives of its compiled step; then
+    PARTS[part]. Writes FOLDER/jax-PART.npz and FOLDER/jax-PART.collectives.json."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -67,33 +69,32 @@ def child(out: str) -> None:
 
     assert len(jax.devices()) == DEVICES, jax.devices()
     results, collectives = {}, {}
-    for model_name, config in CONFIGS.items():
-        batch = batch_of(config)
-        for plan_name, plan in PLANS.items():
-            for dtype in ["float64"] + (["float32"] if (model_name, plan_name) in FLOAT32 else []):
-                key = f"{model_name}/{plan_name}/{dtype}"
-                model = jax_impl.build_model(config, params_of(config, dtype))
-                loss, grads = sharding.sharded_loss_and_grads(model, batch, plan)
-                results[f"{key}/loss"] = loss
-                results |= {f"{key}/grad/{name}": grad for name, grad in grads.items()}
-            trained = adam_config(model_name)
-            model = jax_impl.build_model(trained, init_params(trained, seed=0, dtype="float64"))
-            collectives[f"{model_name}/{plan_name}"] = sharding.step_collectives(model, batch, plan)
-            key, checkpoint = f"{model_name}/{plan_name}/adam", None
-            if (model_name, plan_name) == CHECKPOINTED:
+    model_name, config = part, CONFIGS[part]
+    batch = batch_of(config)
+    for plan_name, plan in PLANS.items():
+        for dtype in ["float64"] + (["float32"] if (model_name, plan_name) in FLOAT32 else []):
+            key = f"{model_name}/{plan_name}/{dtype}"
+            model = jax_impl.build_model(config, params_of(config, dtype))
+            loss, grads = sharding.sharded_loss_and_grads(model, batch, plan)
+            results[f"{key}/loss"] = loss
+            results |= {f"{key}/grad/{name}": grad for name, grad in grads.items()}
+        trained = adam_config(model_name)
+        model = jax_impl.build_model(trained, init_params(trained, seed=0, dtype="float64"))
+        collectives[f"{model_name}/{plan_name}"] = sharding.step_collectives(model, batch, plan)
+        key, checkpoint = f"{model_name}/{plan_name}/adam", None
+        if (model_name, plan_name) == CHECKPOINTED:
 
-                def checkpoint(state, model=model, config=trained, run={"plan": plan_name}):  # noqa: B006
-                    save_checkpoint(f"{out}.checkpoint", config, jax_impl.to_params(model), state, run)
+            def checkpoint(state, model=model, config=trained, run={"plan": plan_name}):  # noqa: B006
+                save_checkpoint(f"{folder}/jax-checkpoint", config, jax_impl.to_params(model), state, run)
 
-            results[f"{key}/losses"] = sharding.sharded_train(
-                model, [batch], STEPS, schedule(trained), plan=plan, checkpoint=checkpoint
-            )
-            results |= {f"{key}/weight/{n}": w for n, w in jax_impl.to_params(model).items()}
-    results |= shard_map_blocks()
-    results |= fsdp_memory()
-    results |= with_dropout()
-    np.savez(out, **results)
-    pathlib.Path(f"{out}.collectives.json").write_text(json.dumps(collectives))
+        results[f"{key}/losses"] = sharding.sharded_train(
+            model, [batch], STEPS, schedule(trained), plan=plan, checkpoint=checkpoint
+        )
+        results |= {f"{key}/weight/{n}": w for n, w in jax_impl.to_params(model).items()}
+    for extra in PARTS[part]:
+        results |= globals()[extra]()
+    np.savez(f"{folder}/jax-{part}.npz", **results)
+    pathlib.Path(f"{folder}/jax-{part}.collectives.json").write_text(json.dumps(collectives))
 
 
 def fsdp_memory() -> dict[str, np.ndarray]:
@@ -174,80 +175,23 @@ def shard_map_blocks() -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------ the tests
-class Child:
-    """The child process, run once per test run: under xdist the first worker to need it starts it
-    (a file created exclusively in the run's shared folder says who did), and the others wait for
-    the record it leaves when the child ends."""
-
-    def __init__(self, folder: pathlib.Path):
-        self.out, self.record, self.process = folder / "results.npz", folder / "ended.json", None
-        try:
-            os.close(os.open(folder / "started", os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            return  # another worker runs it
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        inherited = [flag for flag in env.get("XLA_FLAGS", "").split() if flag.startswith("--")]  # xdist's
-        # 4 CPU devices, and XLA's cheaper code generation (LLVM's light passes; the older elemental
-        # emitters, which generate a fusion's code in half the time of the newer ones): compiling
-        # is nearly all of the child's time, and the HLO passes that place the collectives and
-        # plan the memory are the same
-        flags = [f"--xla_force_host_platform_device_count={DEVICES}", "--xla_backend_optimization_level=0",
-                 "--xla_llvm_disable_expensive_passes=true", "--xla_cpu_use_fusion_emitters=false"]  # fmt: skip
-        env["XLA_FLAGS"] = " ".join([*inherited, *flags])
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "shared_tests.sharding.test_jax_sharding", "child", str(self.out)],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-
-    def wait(self) -> dict:
-        """-> {"returncode", "stdout", "stderr"} of the ended child."""
-        if self.process is not None and not self.record.exists():
-            try:
-                stdout, stderr = self.process.communicate(timeout=CHILD_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                stdout, stderr = self.process.communicate()
-            ended = {"returncode": self.process.returncode, "stdout": stdout, "stderr": stderr[-20000:]}
-            self.record.write_text(json.dumps(ended))
-        waited = 0.0
-        while not self.record.exists() and waited < CHILD_TIMEOUT:  # another worker's child
-            time.sleep(1.0)
-            waited += 1.0
-        if not self.record.exists():
-            return {"returncode": None, "stdout": "", "stderr": f"no record after {CHILD_TIMEOUT} s"}
-        return json.loads(self.record.read_text())
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.communicate()
-
-
 @pytest.fixture(scope="module")
-def sharded(tmp_path_factory):
-    """The child, started (or joined) once for the whole run."""
-    if importlib.util.find_spec("jax") is None:
+def sharded(sharded_runs):
+    """The children (processes.py starts them once per test run)."""
+    if not sharded_runs.available("jax"):
         pytest.skip("jax is not installed")
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's, across workers
-    folder = shared / "jax-sharding"
-    folder.mkdir(exist_ok=True)
-    child = Child(folder)
-    yield child
-    child.stop()
+    return sharded_runs["jax"]
 
 
-def results_of(sharded: Child) -> tuple[dict[str, np.ndarray], dict, pathlib.Path]:
-    """Wait for the child: (its arrays, its collectives per plan, its output path); its stderr in
-    the failure if it failed."""
-    ended = sharded.wait()
-    if ended["returncode"] != 0 or not sharded.out.exists():
-        raise AssertionError(
-            f"the JAX child exited with {ended['returncode']}\n--- stdout ---\n{ended['stdout']}\n"
-            f"--- stderr ---\n{ended['stderr']}"
-        )
-    collectives = json.loads(pathlib.Path(f"{sharded.out}.collectives.json").read_text())
-    return dict(np.load(sharded.out)), collectives, sharded.out
+def results_of(sharded) -> tuple[dict[str, np.ndarray], dict, pathlib.Path]:
+    """Wait for the children: (their arrays, their collectives per plan, their folder); the output
+    of any that failed in the failure."""
+    sharded.check()
+    results, collectives = {}, {}
+    for part in PARTS:
+        results |= dict(np.load(sharded.folder / f"jax-{part}.npz"))
+        collectives |= json.loads((sharded.folder / f"jax-{part}.collectives.json").read_text())
+    return results, collectives, sharded.folder
 
 
 @pytest.mark.parametrize("model_name", list(CONFIGS))
@@ -291,7 +235,7 @@ def test_a_sharded_runs_checkpoint_holds_whole_tensors_every_backend_loads(shard
     results, _, out = results_of(sharded)
     model_name, plan_name = CHECKPOINTED
     key = f"{model_name}/{plan_name}/adam"
-    saved = load_checkpoint(f"{out}.checkpoint")
+    saved = load_checkpoint(str(out / "jax-checkpoint"))
     assert saved.state.step == STEPS and saved.run == {"plan": plan_name}
     assert saved.state.losses == list(results[f"{key}/losses"])
     assert {n: w.shape for n, w in saved.params.items()} == param_schema(adam_config(model_name))
@@ -429,5 +373,5 @@ def test_fsdp_over_4_devices_allocates_under_0_3_of_one_devices_bytes(sharded):
     assert int(results["fsdp-4/aliased"]) >= 0.75 * one / 4, "not donated"
 
 
-if __name__ == "__main__":  # the child: python -m shared_tests.sharding.test_jax_sharding child OUT
-    child(sys.argv[2])
+if __name__ == "__main__":  # a child: python -m shared_tests.sharding.test_jax_sharding child FOLDER PART
+    child(sys.argv[2], sys.argv[3])

@@ -6,20 +6,17 @@ collectives NumPy's written-out step names, as many and as large; FSDP over 4 pr
 of one device's weights, gradients and Adam moments; a sharded run's checkpoint (whole tensors,
 canonical names) loads into every backend with one device's weights and moments.
 
-Two groups of processes, started once and run side by side (``python -m
-shared_tests.sharding.test_torch_sharding``, one process per rank meeting through a file, as
-torchrun's would): 2 ranks for FSDP and tensor parallel alone, 4 for the 2-D meshes and FSDP over 4.
+Two groups of processes, each started once (processes.py;
+``python -m shared_tests.sharding.test_torch_sharding``, one process per rank meeting through a
+file, as torchrun's would): 2 ranks for FSDP and tensor parallel alone, 4 for the 2-D meshes and FSDP over 4.
 Each writes what it measured to an .npz for the tests to hold to one device: the reference's
 (NumPy's, ``cases.one_device``), which torch's own single device equals to ~1e-15 in the parity suite.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -41,7 +38,6 @@ from .cases import (
     schedule,
 )
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 GROUPS = {  # processes: {name: plan}
     2: {"fsdp": Plan(fsdp=2), "tp": Plan(tensor_parallel=2)},
     4: {"fsdp-x-tp": Plan(fsdp=2, tensor_parallel=2), "dp-x-tp": Plan(data_parallel=2, tensor_parallel=2),
@@ -49,7 +45,6 @@ GROUPS = {  # processes: {name: plan}
 }  # fmt: skip
 PLANS = {name: plan for plans in GROUPS.values() for name, plan in plans.items()}
 CHECKPOINTED = "fsdp-x-tp"  # the run whose checkpoint every backend loads
-CHILD_TIMEOUT = 400  # seconds
 
 
 # ------------------------------------------------------------------------------ in each process
@@ -113,69 +108,27 @@ def child(processes: int, out: str, rank: int, init_file: str) -> None:
     dist.destroy_process_group()
 
 
-class Groups:
-    """The groups of processes, each started once. In a serial run the first test starts both, to
-    run side by side; under xdist a worker starts only the one its test needs. A group that fails
-    shows its ranks' stderr."""
-
-    def __init__(self, folder: pathlib.Path):
-        self.folder, self.started, self.done = folder, {}, {}
-
-    def start(self, processes: int) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        for size in [processes] if os.environ.get("PYTEST_XDIST_WORKER") else list(GROUPS):
-            if size in self.started:
-                continue
-            out = self.folder / f"group-{size}.npz"
-            command = [sys.executable, "-m", "shared_tests.sharding.test_torch_sharding", str(size), str(out)]
-            ranks = [
-                subprocess.Popen(command + [str(rank), str(self.folder / f"rendezvous-{size}")], cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for rank in range(size)
-            ]  # fmt: skip
-            self.started[size] = (ranks, out)
-
-    def results(self, processes: int) -> dict[str, np.ndarray]:
-        if processes in self.done:
-            return self.done[processes]
-        self.start(processes)
-        ranks, out = self.started[processes]
-        reports = []
-        for rank, process in enumerate(ranks):
-            try:
-                _, stderr = process.communicate(timeout=CHILD_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                _, stderr = process.communicate()
-            if process.returncode != 0:
-                reports.append(f"group of {processes}, rank {rank} exited with {process.returncode}\n{stderr}")
-        if reports or not out.exists():
-            raise AssertionError("\n".join(reports) or f"the group of {processes} wrote no results")
-        self.done[processes] = dict(np.load(out))
-        return self.done[processes]
-
-    def stop(self) -> None:
-        for ranks, _ in self.started.values():
-            for process in ranks:
-                if process.poll() is None:
-                    process.kill()
-                    process.communicate()
-
-
 @pytest.fixture(scope="module")
-def groups(tmp_path_factory):
-    if importlib.util.find_spec("torch") is None:
+def groups(sharded_runs):
+    """The groups (processes.py starts each once per test run, when a test first needs it)."""
+    if not sharded_runs.available("torch-2"):
         pytest.skip("torch is not installed")
-    started = Groups(tmp_path_factory.mktemp("torch-sharding"))
-    yield started
-    started.stop()
+    return sharded_runs
+
+
+def results_of(groups, processes: int) -> dict[str, np.ndarray]:
+    """Wait for the group of ``processes``: what its rank 0 wrote; each failed rank's stderr in the
+    failure."""
+    started = groups[f"torch-{processes}"]
+    started.check()
+    return dict(np.load(started.folder / f"group-{processes}.npz"))
 
 
 # ------------------------------------------------------------------------------ the tests
 # One test per group of processes (each group runs once, whichever xdist worker takes it); each
 # checks every plan of its group on both models.
 def test_fsdp_and_tensor_parallel_over_2_processes_equal_one_device(groups):
-    results = groups.results(2)
+    results = results_of(groups, 2)
     for plan_name in GROUPS[2]:
         for model_name in CONFIGS:
             check_logits_loss_and_gradients(results, plan_name, model_name)
@@ -186,14 +139,14 @@ def test_fsdp_and_tensor_parallel_over_2_processes_equal_one_device(groups):
 def test_2d_meshes_and_fsdp_over_4_processes_equal_one_device(groups):
     """FSDP x tensor parallel and data parallel x tensor parallel as above; FSDP over 4 processes
     for the memory each holds; the FSDP x tensor parallel run's checkpoint in every backend."""
-    results = groups.results(4)
+    results = results_of(groups, 4)
     for model_name in CONFIGS:
         for plan_name in ("fsdp-x-tp", "dp-x-tp"):
             check_logits_loss_and_gradients(results, plan_name, model_name)
             check_twenty_adam_steps(results, plan_name, model_name)
         for plan_name in GROUPS[4]:
             check_collectives(results, plan_name, model_name)
-        check_checkpoint(groups.started[4][1], model_name)
+        check_checkpoint(groups["torch-4"].folder / "group-4.npz", model_name)
     check_fsdp_memory(results)
 
 

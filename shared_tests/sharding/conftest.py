@@ -1,0 +1,1 @@
+from .processes import sharded_runs  # noqa: F401  (the fixture, for both sharded test files)

@@ -1,0 +1,154 @@
+"""The processes the sharded runs need (JAX's children on simulated devices, torch's groups of gloo
+ranks), each set started once per test run, by the first test that needs it.
+
+Under xdist each worker is its own process: the first to need a set of processes starts it (a file
+created exclusively in the run's shared folder says who did) and records how each process ended;
+the other workers wait for that record."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TIMEOUT = 600  # seconds, for a whole set
+
+
+class Processes:
+    """A set of processes started once per run: ``commands`` {label: argv} with ``env``. The worker
+    that starts them records how they ended from a thread, whichever worker's tests read them."""
+
+    def __init__(self, folder: pathlib.Path, name: str, commands: Mapping[str, list[str]], env: dict[str, str]):
+        self.name, self.folder, self.record = name, folder, folder / f"{name}.ended.json"
+        self.processes, self.recorder = {}, None
+        try:
+            os.close(os.open(folder / f"{name}.started", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return  # another worker runs them
+        for label, command in commands.items():
+            self.processes[label] = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        self.recorder = threading.Thread(target=self._record, daemon=True)
+        self.recorder.start()
+
+    def _record(self) -> None:
+        ended, deadline = {}, time.monotonic() + TIMEOUT
+        for label, process in self.processes.items():
+            try:
+                stdout, stderr = process.communicate(timeout=max(deadline - time.monotonic(), 1.0))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+            ended[label] = {"returncode": process.returncode, "stdout": stdout[-5000:], "stderr": stderr[-20000:]}
+        partial = self.record.with_suffix(".partial")
+        partial.write_text(json.dumps(ended))
+        partial.replace(self.record)  # whole, at once: another worker may be reading
+
+    def wait(self) -> dict[str, dict]:
+        """-> {label: {"returncode", "stdout", "stderr"}} once every process has ended."""
+        deadline = time.monotonic() + TIMEOUT + 30
+        while not self.record.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not self.record.exists():
+            return {"all": {"returncode": None, "stdout": "", "stderr": f"no record after {TIMEOUT} s"}}
+        return json.loads(self.record.read_text())
+
+    def check(self) -> None:
+        """Wait; fail with the output of each process that did not exit 0."""
+        failed = {label: e for label, e in self.wait().items() if e["returncode"] != 0}
+        if failed:
+            raise AssertionError("\n".join(
+                f"{self.name} {label} exited with {e['returncode']}\n--- stdout ---\n{e['stdout']}\n"
+                f"--- stderr ---\n{e['stderr']}" for label, e in failed.items()
+            ))  # fmt: skip
+
+    def stop(self) -> None:
+        """At the end of the starting worker's session: let the processes end (another worker's
+        tests may be waiting for them), within the timeout."""
+        if self.recorder is not None:
+            self.recorder.join()
+
+
+def jax_children(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """test_jax_sharding.py's children, one per model, on 4 simulated CPU devices."""
+    from .test_jax_sharding import DEVICES, PARTS
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # no persistent compilation cache: no other process compiles these programs, and writing each
+    # one to it took 12% of a child's time
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    inherited = [flag for flag in env.get("XLA_FLAGS", "").split() if flag.startswith("--")]  # xdist's
+    # 4 CPU devices, and XLA's cheaper code generation (LLVM's light passes; the older elemental
+    # emitters, which generate a fusion's code in half the time of the newer ones): compiling is
+    # nearly all of the children's time, and the HLO passes that place the collectives and plan
+    # the memory are the same
+    flags = [f"--xla_force_host_platform_device_count={DEVICES}", "--xla_backend_optimization_level=0",
+             "--xla_llvm_disable_expensive_passes=true", "--xla_cpu_use_fusion_emitters=false"]  # fmt: skip
+    env["XLA_FLAGS"] = " ".join([*inherited, *flags])
+    module = "shared_tests.sharding.test_jax_sharding"
+    return {part: [sys.executable, "-m", module, "child", str(folder), part] for part in PARTS}, env
+
+
+def torch_group(folder: pathlib.Path, size: int) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """test_torch_sharding.py's group of ``size`` ranks, meeting through a file."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "shared_tests.sharding.test_torch_sharding", str(size),
+               str(folder / f"group-{size}.npz")]  # fmt: skip
+    return {f"rank {rank}": [*command, str(rank), str(folder / f"rendezvous-{size}")] for rank in range(size)}, env
+
+
+SETS = {  # name: (the test file that reads it, the framework it needs, its commands)
+    "jax": ("test_jax_sharding.py", "jax", jax_children),
+    "torch-2": ("test_torch_sharding.py", "torch", lambda folder: torch_group(folder, 2)),
+    "torch-4": ("test_torch_sharding.py", "torch", lambda folder: torch_group(folder, 4)),
+}
+
+
+class SharedRuns:
+    """The sets of processes of SETS, each started when a test first needs it (not all at once:
+    on two cores, JAX's children and torch's ranks together took a third more CPU time than one
+    set after another, their threads and ranks waiting on each other while descheduled)."""
+
+    def __init__(self, folder: pathlib.Path):
+        self.folder, self.started = folder, {}
+
+    def available(self, name: str) -> bool:
+        return importlib.util.find_spec(SETS[name][0]) is not None
+
+    def __getitem__(self, name: str) -> Processes:
+        if name not in self.started:
+            _, commands = SETS[name]
+            self.started[name] = Processes(self.folder, name, *commands(self.folder))
+        return self.started[name]
+
+    def stop(self) -> None:
+        for processes in self.started.values():
+            processes.stop()
+
+
+SETS = {  # name: (the framework it needs, its commands)
+    "jax": ("jax", jax_children),
+    "torch-2": ("torch", lambda folder: torch_group(folder, 2)),
+    "torch-4": ("torch", lambda folder: torch_group(folder, 4)),
+}
+
+
+@pytest.fixture(scope="session")
+def sharded_runs(tmp_path_factory) -> SharedRuns:
+    """The run's sets of processes (one folder for all xdist workers), started as tests need them."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "sharded-runs"  # the run's
+    folder.mkdir(exist_ok=True)
+    runs = SharedRuns(folder)
+    yield runs
+    runs.stop()
