@@ -21,6 +21,11 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT = 600  # seconds, for a whole set
+JAX_DEVICES = 4  # simulated CPU devices in each of JAX's children
+JAX_PARTS = {  # JAX's two children, run side by side: each model's plans, and what else it computes
+    "llama": ("fsdp_memory", "with_dropout"),
+    "paper": ("shard_map_blocks",),
+}
 
 
 class Processes:
@@ -81,8 +86,6 @@ class Processes:
 
 def jax_children(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
     """test_jax_sharding.py's children, one per model, on 4 simulated CPU devices."""
-    from .test_jax_sharding import DEVICES, PARTS
-
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # no persistent compilation cache: no other process compiles these programs, and writing each
     # one to it took 12% of a child's time
@@ -92,11 +95,11 @@ def jax_children(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, 
     # emitters, which generate a fusion's code in half the time of the newer ones): compiling is
     # nearly all of the children's time, and the HLO passes that place the collectives and plan
     # the memory are the same
-    flags = [f"--xla_force_host_platform_device_count={DEVICES}", "--xla_backend_optimization_level=0",
+    flags = [f"--xla_force_host_platform_device_count={JAX_DEVICES}", "--xla_backend_optimization_level=0",
              "--xla_llvm_disable_expensive_passes=true", "--xla_cpu_use_fusion_emitters=false"]  # fmt: skip
     env["XLA_FLAGS"] = " ".join([*inherited, *flags])
     module = "shared_tests.sharding.test_jax_sharding"
-    return {part: [sys.executable, "-m", module, "child", str(folder), part] for part in PARTS}, env
+    return {part: [sys.executable, "-m", module, "child", str(folder), part] for part in JAX_PARTS}, env
 
 
 def torch_group(folder: pathlib.Path, size: int) -> tuple[dict[str, list[str]], dict[str, str]]:

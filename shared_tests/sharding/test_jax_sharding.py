@@ -43,17 +43,14 @@ from .cases import (
     params_of,
     schedule,
 )
+from .processes import JAX_DEVICES as DEVICES
+from .processes import JAX_PARTS as PARTS
 
-DEVICES = 4
 FLOAT32 = {("llama", "tp"), ("paper", "fsdp-x-tp")}  # (model, plan) also run in float32
 CHECKPOINTED = ("llama", "fsdp-x-tp")  # the run whose checkpoint every backend loads
 
 
 # ------------------------------------------------------------------------------ the child
-PARTS = {  # the two children, run side by side: each model's plans, and what else it computes
-    "llama": ("fsdp_memory", "with_dropout"),
-    "paper": ("shard_map_blocks",),
-}
 
 
 def child(folder: str, part: str) -> None:
