@@ -8,11 +8,12 @@ compiled step are NumPy's written-out step's, kind by kind (where they differ, c
 below); dropout draws one device's masks; FSDP's memory per device; a sharded run's checkpoint (whole
 tensors, canonical names) loads into every backend.
 
-The mesh's devices must be asked for before JAX starts, so two child processes, one per model,
-side by side (processes.py) (``python -m shared_tests.sharding.test_jax_sharding child FOLDER PART``), compute
-everything on 4 simulated devices and write it to .npz files; the tests compare it with one device of the reference (NumPy's,
-computed here while the child runs, and shared with NumPy's sharding test: ``cases.one_device``),
-except for dropout, whose masks are JAX's own. The models, batches and plans are NumPy's test's.
+The mesh's devices must be asked for before JAX starts, so two child processes, one per model, run
+side by side (processes.py starts them: ``python -m shared_tests.sharding.test_jax_sharding child
+FOLDER PART``), compute everything on 4 simulated devices and write it to .npz files; the tests
+compare it with one device of the reference (NumPy's, computed here while the children run, and
+shared with the other backends' sharding tests: ``cases.one_device``), except for dropout, whose
+masks are JAX's own. The models, batches and plans are NumPy's test's.
 """
 
 from __future__ import annotations
@@ -50,9 +51,7 @@ FLOAT32 = {("llama", "tp"), ("paper", "fsdp-x-tp")}  # (model, plan) also run in
 CHECKPOINTED = ("llama", "fsdp-x-tp")  # the run whose checkpoint every backend loads
 
 
-# ------------------------------------------------------------------------------ the child
-
-
+# ------------------------------------------------------------------------------ the children
 def child(folder: str, part: str) -> None:
     """On 4 simulated devices, for the model ``part``: each plan's loss and gradients, 20 Adam
     steps (losses, final weights, a checkpoint), the collectives of its compiled step; then
