@@ -19,13 +19,11 @@ from collections.abc import Mapping
 
 import pytest
 
+from .cases import CONFIGS
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT = 600  # seconds, for a whole set
 JAX_DEVICES = 4  # simulated CPU devices in each of JAX's children
-JAX_PARTS = {  # JAX's two children, run side by side: each model's plans, and what else it computes
-    "llama": ("fsdp_memory", "with_dropout"),
-    "paper": ("shard_map_blocks",),
-}
 
 
 class Processes:
@@ -85,7 +83,8 @@ class Processes:
 
 
 def jax_children(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """test_jax_sharding.py's children, one per model, on 4 simulated CPU devices."""
+    """test_jax_sharding.py's children, one per model of CONFIGS, side by side, on 4 simulated CPU
+    devices each."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # no persistent compilation cache: no other process compiles these programs, and writing each
     # one to it took 12% of a child's time
@@ -99,7 +98,7 @@ def jax_children(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, 
              "--xla_llvm_disable_expensive_passes=true", "--xla_cpu_use_fusion_emitters=false"]  # fmt: skip
     env["XLA_FLAGS"] = " ".join([*inherited, *flags])
     module = "shared_tests.sharding.test_jax_sharding"
-    return {part: [sys.executable, "-m", module, "child", str(folder), part] for part in JAX_PARTS}, env
+    return {part: [sys.executable, "-m", module, "child", str(folder), part] for part in CONFIGS}, env
 
 
 def torch_group(folder: pathlib.Path, size: int) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -108,13 +107,6 @@ def torch_group(folder: pathlib.Path, size: int) -> tuple[dict[str, list[str]], 
     command = [sys.executable, "-m", "shared_tests.sharding.test_torch_sharding", str(size),
                str(folder / f"group-{size}.npz")]  # fmt: skip
     return {f"rank {rank}": [*command, str(rank), str(folder / f"rendezvous-{size}")] for rank in range(size)}, env
-
-
-SETS = {  # name: (the test file that reads it, the framework it needs, its commands)
-    "jax": ("test_jax_sharding.py", "jax", jax_children),
-    "torch-2": ("test_torch_sharding.py", "torch", lambda folder: torch_group(folder, 2)),
-    "torch-4": ("test_torch_sharding.py", "torch", lambda folder: torch_group(folder, 4)),
-}
 
 
 class SharedRuns:

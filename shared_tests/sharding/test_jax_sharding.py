@@ -45,7 +45,6 @@ from .cases import (
     schedule,
 )
 from .processes import JAX_DEVICES as DEVICES
-from .processes import JAX_PARTS as PARTS
 
 FLOAT32 = {("llama", "tp"), ("paper", "fsdp-x-tp")}  # (model, plan) also run in float32
 CHECKPOINTED = ("llama", "fsdp-x-tp")  # the run whose checkpoint every backend loads
@@ -53,9 +52,9 @@ CHECKPOINTED = ("llama", "fsdp-x-tp")  # the run whose checkpoint every backend 
 
 # ------------------------------------------------------------------------------ the children
 def child(folder: str, part: str) -> None:
-    """On 4 simulated devices, for the model ``part``: each plan's loss and gradients, 20 Adam
-    steps (losses, final weights, a checkpoint), the collectives of its compiled step; then
-    PARTS[part]. Writes FOLDER/jax-PART.npz and FOLDER/jax-PART.collectives.json."""
+    """On 4 simulated devices, for the model ``part`` (a name of CONFIGS): each plan's loss and
+    gradients, 20 Adam steps (losses, final weights, a checkpoint), the collectives of its compiled
+    step; then EXTRAS[part]. Writes FOLDER/jax-PART.npz and FOLDER/jax-PART.collectives.json."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -87,8 +86,8 @@ def child(folder: str, part: str) -> None:
             model, [batch], STEPS, schedule(trained), plan=plan, checkpoint=checkpoint
         )
         results |= {f"{key}/weight/{n}": w for n, w in jax_impl.to_params(model).items()}
-    for extra in PARTS[part]:
-        results |= globals()[extra]()
+    for extra in EXTRAS[part]:
+        results |= extra()
     np.savez(f"{folder}/jax-{part}.npz", **results)
     pathlib.Path(f"{folder}/jax-{part}.collectives.json").write_text(json.dumps(collectives))
 
@@ -170,6 +169,10 @@ def shard_map_blocks() -> dict[str, np.ndarray]:
     return results
 
 
+# what else each child computes, after its model's plans
+EXTRAS = {"llama": (fsdp_memory, with_dropout), "paper": (shard_map_blocks,)}
+
+
 # ------------------------------------------------------------------------------ the tests
 @pytest.fixture(scope="module")
 def sharded(sharded_runs):
@@ -184,7 +187,7 @@ def results_of(sharded) -> tuple[dict[str, np.ndarray], dict, pathlib.Path]:
     of any that failed in the failure."""
     sharded.check()
     results, collectives = {}, {}
-    for part in PARTS:
+    for part in CONFIGS:
         results |= dict(np.load(sharded.folder / f"jax-{part}.npz"))
         collectives |= json.loads((sharded.folder / f"jax-{part}.collectives.json").read_text())
     return results, collectives, sharded.folder
