@@ -32,6 +32,10 @@ PLANS = {
     "dp-x-tp": Plan(data_parallel=2, tensor_parallel=2),
 }
 STEPS = 20
+# The (model, plan) pairs torch's and JAX's sharded steps also run in float32 (each is a program of
+# its own to trace and compile): one of each model, one tensor parallel alone and one on the 2-D
+# mesh, so that each kind of collective runs in float32 once. NumPy's runs every plan in both.
+FLOAT32 = {("llama", "tp"), ("paper", "fsdp-x-tp")}
 # A gradient that is zero in exact arithmetic (the key-projection bias) is measured against this share
 # of the model's largest gradient rather than its own rounding noise (as in test_data_parallel.py).
 FLOOR = {"float64": 1e-3, "float32": 1e-2}

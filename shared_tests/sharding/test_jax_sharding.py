@@ -1,19 +1,20 @@
 """JAX's sharded step is the single-device step: FSDP, tensor parallel, FSDP x tensor parallel and
 data parallel x tensor parallel (weights placed with ``NamedSharding`` on a ``("data", "model")``
 mesh of simulated CPU devices; the step written out in ``shard_map``) on the Llama-style decoder and
-the paper's encoder-decoder give one device's loss and gradients (float64, and float32 for two plans)
-and 20 float64 Adam steps its losses and weights; the tensor-parallel blocks written with
-``shard_map`` give the jit version's output with one all-reduce (the psum); the collectives of the
-compiled step are NumPy's written-out step's, kind by kind (where they differ, counted and explained
-below); dropout draws one device's masks; FSDP's memory per device; a sharded run's checkpoint (whole
-tensors, canonical names) loads into every backend.
+the paper's encoder-decoder give one device's loss and gradients (float64, and float32 for the
+pairs of ``cases.FLOAT32``) and 20 float64 Adam steps its losses and weights; the tensor-parallel
+blocks written with ``shard_map`` give the jit version's output with one all-reduce (the psum); the
+collectives of the compiled step are NumPy's written-out step's, kind by kind (where they differ,
+counted and explained below); dropout draws one device's masks; FSDP's memory per device; a sharded
+run's checkpoint (whole tensors, canonical names) loads into every backend.
 
 The mesh's devices must be asked for before JAX starts, so two child processes, one per model, run
 side by side (processes.py starts them: ``python -m shared_tests.sharding.test_jax_sharding child
 FOLDER PART``), compute everything on 4 simulated devices and write it to .npz files; the tests
 compare it with one device of the reference (NumPy's, computed here while the children run, and
 shared with the other backends' sharding tests: ``cases.one_device``), except for dropout, whose
-masks are JAX's own. The models, batches and plans are NumPy's test's.
+masks are JAX's own: its single device runs in the child too. The models, batches and plans are
+NumPy's test's.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from transformer_spec import Config, init_params
 
 from .cases import (
     CONFIGS,
+    FLOAT32,
     LLAMA,
     MEMORY_CASE,
     PLANS,
@@ -46,7 +48,6 @@ from .cases import (
 )
 from .processes import JAX_DEVICES as DEVICES
 
-FLOAT32 = {("llama", "tp"), ("paper", "fsdp-x-tp")}  # (model, plan) also run in float32
 CHECKPOINTED = ("llama", "fsdp-x-tp")  # the run whose checkpoint every backend loads
 
 
@@ -107,20 +108,27 @@ def fsdp_memory() -> dict[str, np.ndarray]:
     return results
 
 
-DROPOUT_PLANS = ("fsdp", "tp", "fsdp-x-tp", "dp-x-tp")
+# FSDP's data split (BatchRowsDropout), tensor parallel's blocks, and the two together inside one
+# shard_map (data parallel x tensor parallel draws its masks as FSDP x tensor parallel does: the
+# rows split the same way, only the weights' placement differs)
+DROPOUT_PLANS = ("fsdp", "tp", "fsdp-x-tp")
 
 
 def with_dropout() -> dict[str, np.ndarray]:
-    """3 Adam steps of the Llama-style decoder with dropout 0.1 under each of DROPOUT_PLANS."""
+    """3 Adam steps of the Llama-style decoder with dropout 0.1 under each of DROPOUT_PLANS, and on
+    one device (JAX's own: the masks are each framework's generator's)."""
     import jax_impl
     from jax_impl import sharding
 
     config = LLAMA.replace(dropout=0.1)
     results = {}
-    for plan_name in DROPOUT_PLANS:
+    for plan_name in (*DROPOUT_PLANS, None):
         model = jax_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
-        losses = sharding.sharded_train(model, [batch_of(config)], 3, schedule(config), plan=PLANS[plan_name])
-        results[f"dropout/{plan_name}"] = np.array(losses)
+        if plan_name is None:
+            losses = jax_impl.train(model, [batch_of(config)], 3, schedule(config))
+        else:
+            losses = sharding.sharded_train(model, [batch_of(config)], 3, schedule(config), plan=PLANS[plan_name])
+        results[f"dropout/{plan_name or 'one-device'}"] = np.array(losses)
     return results
 
 
@@ -169,8 +177,9 @@ def shard_map_blocks() -> dict[str, np.ndarray]:
     return results
 
 
-# what else each child computes, after its model's plans
-EXTRAS = {"llama": (fsdp_memory, with_dropout), "paper": (shard_map_blocks,)}
+# what else each child computes, after its model's plans (dropout's runs, the Llama-style
+# decoder's, in the encoder-decoder's child: the two children take about as long)
+EXTRAS = {"llama": (fsdp_memory,), "paper": (shard_map_blocks, with_dropout)}
 
 
 # ------------------------------------------------------------------------------ the tests
@@ -340,17 +349,11 @@ def test_dropout_under_fsdp_draws_one_devices_masks_and_inside_tensor_parallel_b
     """With dropout 0.1: FSDP's 3 Adam steps are one device's (each device draws the whole batch's
     masks and keeps its rows: ``BatchRowsDropout``). Inside a tensor-parallel block each device
     draws its own heads' and features' masks (Megatron's way), so those runs are not one device's,
-    but FSDP x tensor parallel and data parallel x tensor parallel are tensor parallel's: splitting
-    the rows changes no mask."""
-    import jax_impl
-
-    config = LLAMA.replace(dropout=0.1)
-    single = jax_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
-    want = jax_impl.train(single, [batch_of(config)], 3, schedule(config))
+    but FSDP x tensor parallel's is tensor parallel's: splitting the rows changes no mask."""
     results, _, _ = results_of(sharded)
+    want = results["dropout/one-device"]
     np.testing.assert_allclose(results["dropout/fsdp"], want, rtol=TOLERANCE["float64"])
-    for plan_name in ("fsdp-x-tp", "dp-x-tp"):
-        np.testing.assert_allclose(results[f"dropout/{plan_name}"], results["dropout/tp"], rtol=TOLERANCE["float64"])
+    np.testing.assert_allclose(results["dropout/fsdp-x-tp"], results["dropout/tp"], rtol=TOLERANCE["float64"])
     assert np.all(np.isfinite(results["dropout/tp"])) and not np.allclose(results["dropout/tp"], want)
 
 
