@@ -101,12 +101,10 @@ def jax_children(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, 
     return {part: [sys.executable, "-m", module, "child", str(folder), part] for part in CONFIGS}, env
 
 
-def torch_group(folder: pathlib.Path, size: int) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """test_torch_sharding.py's group of ``size`` ranks, meeting through a file."""
+def torch_groups(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """test_torch_sharding.py's launcher, which forks each group's ranks from itself."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "shared_tests.sharding.test_torch_sharding", str(size),
-               str(folder / f"group-{size}.npz")]  # fmt: skip
-    return {f"rank {rank}": [*command, str(rank), str(folder / f"rendezvous-{size}")] for rank in range(size)}, env
+    return {"launcher": [sys.executable, "-m", "shared_tests.sharding.test_torch_sharding", str(folder)]}, env
 
 
 class SharedRuns:
@@ -133,8 +131,7 @@ class SharedRuns:
 
 SETS = {  # name: (the framework it needs, its commands)
     "jax": ("jax", jax_children),
-    "torch-2": ("torch", lambda folder: torch_group(folder, 2)),
-    "torch-4": ("torch", lambda folder: torch_group(folder, 4)),
+    "torch": ("torch", torch_groups),
 }
 
 

@@ -7,18 +7,23 @@ and as large; FSDP over 4 processes holds under 0.3 of one device's weights, gra
 moments; a sharded run's checkpoint (whole tensors, canonical names) loads into every backend with
 one device's weights and moments.
 
-Two groups of processes, each started once (processes.py;
-``python -m shared_tests.sharding.test_torch_sharding``, one process per rank meeting through a
-file, as torchrun's would): 2 ranks for FSDP and tensor parallel alone, 4 for the 2-D meshes and FSDP over 4.
-Each writes what it measured to an .npz for the tests to hold to one device: the reference's
-(NumPy's, ``cases.one_device``), which torch's own single device equals to ~1e-15 in the parity suite.
+Two groups of processes, one after the other, started once per test run (processes.py starts
+``python -m shared_tests.sharding.test_torch_sharding FOLDER``, ``launch``): 2 ranks for FSDP and
+tensor parallel alone, then 4 for the 2-D meshes and FSDP over 4, one process per rank, meeting
+through a file as torchrun's would. The launcher imports torch once and forks each rank from itself
+(started on their own, the six ranks spent 5 s of CPU each importing torch and its distributed
+packages; the groups took 170 s of CPU in all, forked 125 s). Each group's rank 0 writes
+what it measured to an .npz for the tests to hold to one device: the reference's (NumPy's,
+``cases.one_device``), which torch's own single device equals to ~1e-15 in the parity suite.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import pathlib
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -47,6 +52,7 @@ GROUPS = {  # processes: {name: plan}
 }  # fmt: skip
 PLANS = {name: plan for plans in GROUPS.values() for name, plan in plans.items()}
 CHECKPOINTED = "fsdp-x-tp"  # the run whose checkpoint every backend loads
+RANK_TIMEOUT = 300  # seconds a rank waits in a collective for the others
 
 
 def dtypes_of(model_name: str, plan_name: str) -> tuple[str, ...]:
@@ -76,7 +82,8 @@ def child(processes: int, out: str, rank: int, init_file: str) -> None:
     from transformer_spec import init_params
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=processes)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=processes,
+                            timeout=datetime.timedelta(seconds=RANK_TIMEOUT))  # fmt: skip
     results = {}
     for plan_name, plan in GROUPS[processes].items():
         for model_name, config in CONFIGS.items():
@@ -117,20 +124,47 @@ def child(processes: int, out: str, rank: int, init_file: str) -> None:
     dist.destroy_process_group()
 
 
+def launch(folder: str) -> None:
+    """Each group of GROUPS in turn: its ranks forked from this process, which has imported what
+    they run (copies of it: nothing is imported again), rank r of a group of n running
+    ``child(n, FOLDER/group-n.npz, r, FOLDER/rendezvous-n)``. A rank that fails ends its group (the
+    others would wait for it in a collective); exits with each failed rank's status."""
+    import multiprocessing
+
+    import torch_impl.sharding  # noqa: F401  (and torch, torch.distributed): what every rank runs
+    import transformer_run.checkpoint  # noqa: F401
+
+    fork, failed = multiprocessing.get_context("fork"), []
+    for size in GROUPS:
+        out, rendezvous = f"{folder}/group-{size}.npz", f"{folder}/rendezvous-{size}"
+        ranks = [fork.Process(target=child, args=(size, out, rank, rendezvous)) for rank in range(size)]
+        for rank in ranks:
+            rank.start()
+        while any(rank.exitcode is None for rank in ranks):
+            if any(rank.exitcode for rank in ranks):  # one failed: the others cannot finish
+                for rank in ranks:
+                    rank.terminate()
+            time.sleep(0.2)
+        failed += [
+            f"group of {size}: rank {r} exited with {rank.exitcode}" for r, rank in enumerate(ranks) if rank.exitcode
+        ]
+    if failed:
+        sys.exit("\n".join(failed))
+
+
 @pytest.fixture(scope="module")
 def groups(sharded_runs):
-    """The groups (processes.py starts each once per test run, when a test first needs it)."""
-    if not sharded_runs.available("torch-2"):
+    """The launcher (processes.py starts it once per test run, when a test first needs it)."""
+    if not sharded_runs.available("torch"):
         pytest.skip("torch is not installed")
-    return sharded_runs
+    return sharded_runs["torch"]
 
 
 def results_of(groups, processes: int) -> dict[str, np.ndarray]:
-    """Wait for the group of ``processes``: what its rank 0 wrote; each failed rank's stderr in the
-    failure."""
-    started = groups[f"torch-{processes}"]
-    started.check()
-    return dict(np.load(started.folder / f"group-{processes}.npz"))
+    """Wait for the groups: what the group of ``processes``'s rank 0 wrote; the launcher's output
+    (each failed rank's traceback) in the failure."""
+    groups.check()
+    return dict(np.load(groups.folder / f"group-{processes}.npz"))
 
 
 # ------------------------------------------------------------------------------ the tests
@@ -155,7 +189,7 @@ def test_2d_meshes_and_fsdp_over_4_processes_equal_one_device(groups):
             check_twenty_adam_steps(results, plan_name, model_name)
         for plan_name in GROUPS[4]:
             check_collectives(results, plan_name, model_name)
-        check_checkpoint(groups["torch-4"].folder / "group-4.npz", model_name)
+        check_checkpoint(groups.folder / "group-4.npz", model_name)
     check_fsdp_memory(results)
 
 
@@ -245,5 +279,5 @@ def check_checkpoint(out: pathlib.Path, model_name: str) -> None:
             assert np.array_equal(np.asarray(loaded[name]), saved.params[name]), f"{backend}: {name}"
 
 
-if __name__ == "__main__":
-    child(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4])
+if __name__ == "__main__":  # the launcher: python -m shared_tests.sharding.test_torch_sharding FOLDER
+    launch(sys.argv[1])
