@@ -257,6 +257,8 @@ def _replica(rank, job, config, params, data_parallel, init_file, result_file, a
     torch.set_num_threads(1)
     # one GPU per process where there are enough, else the CPU
     device = torch.device(f"cuda:{rank}" if torch.cuda.device_count() >= data_parallel else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # nccl's own work (a barrier) on this GPU, not GPU 0
     dist.init_process_group(
         _process_group_backend(device),
         init_method=f"file://{init_file}",

@@ -464,11 +464,13 @@ def _memory_rank(model, rank, devices, plan, batch, label_smoothing):
         if name != "Total":
             held[MEMORY_KINDS.get(name, "other")] += size
     held["total"] = sum(held.values())
-    # the fullest rank's: each rank's total, the largest, and that rank's breakdown
-    totals = [torch.zeros((), dtype=torch.int64) for _ in range(devices)]
-    dist.all_gather(totals, torch.tensor(held["total"]))
+    # the fullest rank's: each rank's total, the largest, and that rank's breakdown (on the
+    # weights' device: nccl moves only GPU tensors)
+    device = _device(sharded)
+    totals = [torch.zeros((), dtype=torch.int64, device=device) for _ in range(devices)]
+    dist.all_gather(totals, torch.tensor(held["total"], device=device))
     fullest = int(torch.stack(totals).argmax())
-    breakdown = torch.tensor([held[kind] for kind in kinds])
+    breakdown = torch.tensor([held[kind] for kind in kinds], device=device)
     dist.broadcast(breakdown, src=fullest)
     return dict(zip(kinds, (int(b) for b in breakdown), strict=True))
 
