@@ -134,10 +134,13 @@ def launch(folder: str) -> None:
     import torch_impl.sharding  # noqa: F401  (and torch, torch.distributed): what every rank runs
     import transformer_run.checkpoint  # noqa: F401
 
-    fork, failed = multiprocessing.get_context("fork"), []
+    # forked on Linux; spawned elsewhere (macOS's system libraries are not safe to fork, and
+    # Windows cannot): each rank then imports torch itself
+    start = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    failed = []
     for size in GROUPS:
         out, rendezvous = f"{folder}/group-{size}.npz", f"{folder}/rendezvous-{size}"
-        ranks = [fork.Process(target=child, args=(size, out, rank, rendezvous)) for rank in range(size)]
+        ranks = [start.Process(target=child, args=(size, out, rank, rendezvous)) for rank in range(size)]
         for rank in ranks:
             rank.start()
         while any(rank.exitcode is None for rank in ranks):
