@@ -123,7 +123,7 @@ SLOW = {
         "test_attention_command_draws_the_chosen_layers_and_heads",
     },
     "inputs/test_inputs.py": {"test_records_of_another_model_in_another_thread_do_not_reach_the_trace"},
-    # torch's sharded runs: a group of 2 and one of 4 gloo processes
+    # torch's sharded runs: a group of 2 and one of 4 gloo processes, forked by one launcher
     "sharding/test_torch_sharding.py": {
         "test_fsdp_and_tensor_parallel_over_2_processes_equal_one_device",
         "test_2d_meshes_and_fsdp_over_4_processes_equal_one_device",

@@ -121,14 +121,15 @@ def with_dropout() -> dict[str, np.ndarray]:
     from jax_impl import sharding
 
     config = LLAMA.replace(dropout=0.1)
-    results = {}
-    for plan_name in (*DROPOUT_PLANS, None):
-        model = jax_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
-        if plan_name is None:
-            losses = jax_impl.train(model, [batch_of(config)], 3, schedule(config))
-        else:
-            losses = sharding.sharded_train(model, [batch_of(config)], 3, schedule(config), plan=PLANS[plan_name])
-        results[f"dropout/{plan_name or 'one-device'}"] = np.array(losses)
+    batches = [batch_of(config)]
+
+    def seeded():
+        return jax_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
+
+    results = {"dropout/one-device": np.array(jax_impl.train(seeded(), batches, 3, schedule(config)))}
+    for plan_name in DROPOUT_PLANS:
+        losses = sharding.sharded_train(seeded(), batches, 3, schedule(config), plan=PLANS[plan_name])
+        results[f"dropout/{plan_name}"] = np.array(losses)
     return results
 
 
