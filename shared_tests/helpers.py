@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 
+from transformer_backends import get_backend
 from transformer_backends.tolerances import max_relative_difference, tolerance
 from transformer_run.batches import decoder_only_batch, encoder_decoder_batch, split_batch
 from transformer_spec import Config, init_params, param_schema, parent_of
@@ -19,6 +20,19 @@ from transformer_spec.config import ACTIVATIONS, KINDS, NORMS, POSITIONAL, ROPE_
 from . import tolerances
 from .cases import token_ids
 from .tolerances import assert_matches_finite_differences
+
+
+# ------------------------------------------------------------------ what a test needs installed
+def needs(*backends: str) -> None:
+    """Skip the running test, naming what is missing, unless every backend named is installed: a
+    test that runs another backend than its own (a command line with --backend torch, a child
+    process) skips in a session that installs only one framework, as the ``backend`` fixture does."""
+    for name in backends:
+        try:
+            get_backend(name)
+        except ImportError as error:
+            pytest.skip(f"needs the {name} backend: {error.name} is not installed (the [{name}] extra)")
+
 
 # ------------------------------------------------------------------ finite-difference helpers
 STEP = 1e-6  # float64 central differences: truncation ~STEP^2, rounding ~1e-16 |f| / STEP

@@ -13,6 +13,7 @@ from transformer_spec import init_params
 from transformer_spec.trace import record, recording
 
 from ..cases import DTYPES, SHAPES, TINY, VARIANTS, as_kind, model_inputs
+from ..helpers import needs
 from ..tolerances import assert_close
 
 KINDS = ("encoder_decoder", "decoder_only", "encoder_only")
@@ -106,6 +107,7 @@ def test_jax_jitted_call_is_refused_while_recording():
 
 # ------------------------------------------------------------------------------ the commands
 def test_trace_command_reports_agreement_and_the_table(capsys):
+    needs("torch")
     assert main(["trace", "--backends", "numpy,torch", "--dtype", "float64"]) == 0
     out = capsys.readouterr().out
     assert "encoder.layers.0.self_attn.scores" in out and "all " in out and "agree within tolerance" in out

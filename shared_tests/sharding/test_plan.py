@@ -9,7 +9,7 @@ import pytest
 from transformer_run.sharding import COLUMN, ROW, Plan, check_plan, fsdp_units, join, piece, placement, plan_for_devices
 from transformer_spec import Config, init_params, param_schema
 
-from ..helpers import one_line_error
+from ..helpers import needs, one_line_error
 
 # Sizes every tested degree divides, still unequal to each other (a transposed split cannot hide).
 LLAMA = Config.preset("tiny-llama").replace(d_model=72, num_heads=6, num_kv_heads=2, d_ff=36, tgt_vocab_size=64)
@@ -122,6 +122,7 @@ def test_a_plan_the_task_cannot_run_is_one_line_and_status_2(capsys, argv, words
 
 
 def test_under_torchrun_a_plan_for_another_number_of_processes_is_one_line_and_status_2(capsys, monkeypatch):
+    needs("torch")
     monkeypatch.setenv("WORLD_SIZE", "3")  # torchrun started 3 processes; the plan needs 2
     argv = ["--backend", "torch", "--heads", "4", "--d-ff", "48", "--fsdp", "2"]
     one_line_error(capsys, ["train", "--task", "next-word", "--steps", "1", *argv], "--fsdp 2", "2 devices", "3 are")
