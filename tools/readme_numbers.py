@@ -23,6 +23,8 @@ another page needs no change here. The sources, each written by the command that
   beside eager (the ``compiled`` table and the README's ``compiledline``).
 * ``bench/results/tiled/latest.json`` (``python -m bench.tiled``): one long attention in NumPy,
   tiled against plain (the ``tiled`` table).
+* ``docs/test-time.json`` (``python -m tools.suite_time --measure``): the README's two commands timed on
+  fresh clones, the test command's sessions, installs and tests (the ``test*`` blocks).
 
 ``shared_tests/repository/test_readme_numbers.py`` fails when a block of any of those files differs from
 what these sources give, and when ``docs/compare.txt`` differs from a fresh ``compare`` run
@@ -40,6 +42,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from . import suite_time
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 CONTRIBUTING = os.path.join(ROOT, "CONTRIBUTING.md")
@@ -52,6 +56,7 @@ BENCH = [os.path.join(ROOT, "bench", "results", "latest.json"),
 TRAINING = os.path.join(ROOT, "bench", "results", "training", "latest.json")  # python -m bench.lm_training
 TILED = os.path.join(ROOT, "bench", "results", "tiled", "latest.json")  # python -m bench.tiled
 COMPILED = os.path.join(ROOT, "bench", "results", "compiled", "latest.json")  # python -m bench.compiled
+TEST_TIME = os.path.join(ROOT, "docs", "test-time.json")  # python -m tools.suite_time --measure
 
 # The tests behind docs/parity.json: every component, model, gradient, decoding and training check.
 SUITE_TESTS = ["shared_tests/components/test_components.py", "shared_tests/models/test_models.py",
@@ -235,7 +240,17 @@ def blocks() -> dict[str, Callable[[], str | None]]:
     bench = [(path, r) for path in BENCH if (r := load(path)) is not None]
     compare_text = open(COMPARE, encoding="utf-8").read() if os.path.exists(COMPARE) else None
     trained, compiled_runs, tiled_runs = load(TRAINING), load(COMPILED), load(TILED)
+    timed = load(TEST_TIME)
+    # The test command's times exist once a fresh clone was measured (its suite runs this module's
+    # test, so the first measurement of a new checkout is made before the blocks that show it).
+    test_time = {
+        "testtime": lambda: suite_time.commands_line(timed),
+        "testsessions": lambda: suite_time.sessions_table(timed),
+        "testslowest": lambda: suite_time.slowest_table(timed),
+        "testrepeated": lambda: suite_time.repeated_table(timed),
+    }
     return {
+        **(test_time if timed else {}),
         "agreement": lambda: parity and agreement(parity),
         "gradients": lambda: parity and gradients(parity),
         "oracles": lambda: oracle and oracles(oracle),
