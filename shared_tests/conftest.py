@@ -22,6 +22,29 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
+
+from . import LIGHT_XLA_FLAGS
+
+# XLA's cheaper code generation, for every process of the run (the xdist workers, the children they
+# start, the notebooks' kernels inherit it): LLVM's light passes and the older elemental emitters.
+# Compiling, not running, is most of the JAX tests' time (each new shape of an eager operation is an
+# XLA program of its own), and these flags halve it; the HLO passes, so the programs' math, the
+# collectives and the memory plan, are XLA's usual ones. The code generator users run by default is
+# held to the same numbers by models/test_jax_specifics.py's
+# test_the_default_code_generator_computes_what_the_suites_computes. SHARED_TESTS_XLA=default runs the
+# whole suite with XLA's defaults.
+if os.environ.get("SHARED_TESTS_XLA", "light") != "default":
+    _flags = os.environ.get("XLA_FLAGS", "").split()
+    os.environ["XLA_FLAGS"] = " ".join([*_flags, *(f for f in LIGHT_XLA_FLAGS if f not in _flags)])
+
+if os.environ.get("SHARED_TESTS_HIDE"):
+    # The packages named here (comma-separated) are as if not installed, in this process and its xdist
+    # workers: importing one raises ModuleNotFoundError and importlib.util.find_spec finds nothing. The
+    # noxfile's suite session runs the suite so, as the numpy session's environment would be, to hold
+    # that a test needing a framework skips, naming it, where that framework is not installed.
+    for _name in os.environ["SHARED_TESTS_HIDE"].split(","):
+        sys.modules[_name.strip()] = None
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # set by xdist before the worker reads this file
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -55,6 +78,14 @@ from transformer_backends import get_backend
 from transformer_backends.names import BACKENDS
 
 from . import tolerances
+from .timing import pytest_addoption as _timing_options
+from .timing import (  # noqa: F401  (hooks: pytest reads them from this module)
+    pytest_configure,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+    timing_records,
+    write_timing,
+)
 
 if importlib.util.find_spec("jax") is not None:
     import jax
@@ -63,11 +94,22 @@ if importlib.util.find_spec("jax") is not None:
 
 
 def pytest_addoption(parser):
+    _timing_options(parser)
     parser.addoption(
         "--backend",
         action="append",
         choices=BACKENDS,
         help="run the suite for this backend only (repeatable); default: every installed backend",
+    )
+    parser.addoption(
+        "--one-case",
+        action="store_true",
+        help="of every test function, one case per backend (its first): every claim runs once in every backend",
+    )
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="the edit-test loop's run (nox -s quick): --one-case, and the slow set (SLOW) left out",
     )
     parser.addoption(
         "--parity-json",
@@ -82,60 +124,66 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("backend_name", names, scope="session")
 
 
-# The slow set (marker ``slow``): every test function with a case that took 8 s or more in a serial
-# run on the 2-core CPU (JAX compiling training steps and decoders, real processes, the real
-# SmolLM2), by file (its path under shared_tests/). CI runs them all; ``pytest -m "not slow"`` is
-# the quick run. Under xdist they are handed out first, so that no worker is left with a long test
-# at the end while the others idle.
+# The slow set (marker ``slow``): every test function with a case that took 8 s or more in a run of the
+# suite on the 2-core CPU (JAX compiling training steps and decoders, real processes, torch.compile, the
+# real SmolLM2; python -m tools.suite_time's records), by file (its path under shared_tests/). CI runs
+# them all; ``--quick`` and ``-m "not slow"`` leave them out. Under xdist they are handed out first, so
+# that no worker is left with a long test at the end while the others idle.
 SLOW = {
     "training/test_checkpoints.py": {
-        "test_a_run_resumed_from_its_checkpoint_file_continues_exactly",
-        "test_a_killed_run_resumes_to_the_uninterrupted_loss_curve",
         "test_a_checkpoint_is_a_weights_file_every_backend_loads",
+        "test_a_killed_run_resumes_to_the_uninterrupted_loss_curve",
+        "test_a_run_resumed_from_its_checkpoint_file_continues_exactly",
         "test_the_state_holds_adam_moments_in_the_weights_layout_equal_in_every_backend",
     },
     "oracles/test_oracle_smollm2_model.py": {
-        "test_logits_at_every_position_match_transformers",
         "test_greedy_tokens_equal_transformers_generate",
+        "test_logits_at_every_position_match_transformers",
         "test_the_three_backends_agree_to_1e_12_in_float64",
     },
     "oracles/test_oracle_smollm2_transformers.py": {"test_last_logits_match_transformers_loading_the_same_file"},
     "oracles/test_oracle_paper_base.py": {"test_one_adam_step_of_paper_base_runs_with_one_shared_table"},
     "training/test_dropout.py": {
+        "test_dropout_gradients_match_numpys_under_the_same_fixed_masks",
+        "test_dropout_sits_where_numpys_does_under_the_same_fixed_masks",
         "test_train_trains_with_dropout_and_leaves_inference_mode",
         "test_training_mode_masks_are_random_and_reproducible_from_the_seed",
     },
-    "training/test_gradients.py": {"test_loss_and_gradients_match_reference", "test_float32_models_get_float32_gradients"},
+    "training/test_gradients.py": {
+        "test_float32_models_get_float32_gradients",
+        "test_loss_and_gradients_match_reference",
+        "test_shared_table_gradient_is_the_sum_of_its_three_uses",
+    },
     "components/test_fast_paths.py": {"test_gradients_are_the_same_with_and_without_fused_kernels"},
     "decoding/test_decoding.py": {"test_cached_and_uncached_steppers_give_the_same_logits"},
     "training/test_training.py": {
-        "test_float64_loss_curves_follow_the_reference_step_by_step",
-        "test_every_backend_learns_the_copy_task_to_exact_greedy_outputs",
         "test_a_checkpoint_moves_between_backends_and_the_numbers_carry_on",
+        "test_every_backend_learns_the_copy_task_to_exact_greedy_outputs",
+        "test_float64_loss_curves_follow_the_reference_step_by_step",
     },
     "components/test_modern.py": {
-        "test_rotary_cache_holds_kv_heads_and_cached_equals_uncached",
         "test_modern_models_decode_the_same_tokens_in_every_backend",
+        "test_rotary_cache_holds_kv_heads_and_cached_equals_uncached",
     },
     "models/test_trace.py": {"test_the_same_weights_agree_everywhere_in_compare_traces"},
     "cli/test_smollm2_sentence.py": {
-        "test_trace_command_traces_the_real_model_and_the_backends_agree_in_float64",
         "test_attention_command_draws_the_chosen_layers_and_heads",
+        "test_trace_command_traces_the_real_model_and_the_backends_agree_in_float64",
     },
     "inputs/test_inputs.py": {"test_records_of_another_model_in_another_thread_do_not_reach_the_trace"},
     # torch's sharded runs: a group of 2 and one of 4 gloo processes, forked by one launcher
     "sharding/test_torch_sharding.py": {
-        "test_fsdp_and_tensor_parallel_over_2_processes_equal_one_device",
         "test_2d_meshes_and_fsdp_over_4_processes_equal_one_device",
+        "test_fsdp_and_tensor_parallel_over_2_processes_equal_one_device",
     },
     # JAX's sharded runs: two child processes on 4 simulated devices, which every test waits for
     "sharding/test_jax_sharding.py": {
-        "test_every_plan_gives_the_single_device_loss_and_gradients",
-        "test_twenty_float64_adam_steps_give_the_single_device_losses_and_weights",
         "test_a_sharded_runs_checkpoint_holds_whole_tensors_every_backend_loads",
-        "test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_megatrons_all_reduces",
-        "test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them",
         "test_dropout_under_fsdp_draws_one_devices_masks_and_inside_tensor_parallel_blocks_each_devices_own",
+        "test_every_plan_gives_the_single_device_loss_and_gradients",
+        "test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them",
+        "test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_megatrons_all_reduces",
+        "test_twenty_float64_adam_steps_give_the_single_device_losses_and_weights",
     },
     # each chapter of the course in a fresh kernel (the real SmolLM2 chapter the longest), JupyterLab in Chromium
     "notebooks/test_notebooks.py": {
@@ -143,6 +191,25 @@ SLOW = {
         "test_without_the_real_weights_the_real_model_chapter_says_so_and_runs_the_tiny_preset",
     },
     "notebooks/test_jupyterlab.py": {"test_a_chapter_opens_runs_and_renders_in_jupyterlab_in_chromium"},
+    "cli/test_cli_generate.py": {"test_generate_reports_the_compiling_calls_apart_from_the_steady_rate"},
+    "models/test_models.py": {"test_random_models_give_the_references_logits_at_real_positions"},
+    "models/test_torch_compiled.py": {"test_compiled_forward_equals_eager_forward"},
+    "models/test_jax_specifics.py": {"test_the_default_code_generator_computes_what_the_suites_computes"},
+    "repository/test_docs.py": {
+        "test_a_comment_or_blank_line_in_a_backend_fails_nothing_but_a_rename_fails_by_name",
+        "test_every_page_fits_at_1000_1400_and_1900_px",
+    },
+    "training/test_data_parallel.py": {"test_data_parallel_step_equals_the_single_device_step"},
+    "oracles/test_oracle_smollm2_files.py": {
+        "test_halves_and_interleaved_loads_differ_exactly_by_the_rope_permutation",
+        "test_the_file_gives_the_smollm2_preset",
+    },
+    "oracles/test_oracle_bert.py": {"test_sentence_embeddings_match_sentence_transformers"},
+    "oracles/test_oracle_torch_eager.py": {
+        "test_compiled_decoding_steps_equal_eager_steps",
+        "test_compiled_forward_equals_eager_forward_in_float32",
+        "test_compiled_training_steps_equal_eager_steps",
+    },
 }
 
 
@@ -152,6 +219,22 @@ def pytest_collection_modifyitems(config, items):
         file = item.path.resolve().relative_to(here).as_posix() if item.path.resolve().is_relative_to(here) else ""
         if getattr(item, "originalname", item.name) in SLOW.get(file, ()):
             item.add_marker(pytest.mark.slow)
+        if file.startswith("oracles/"):  # under --dist=loadgroup a file's oracles run on one worker: each loads
+            item.add_marker(pytest.mark.xdist_group(file))  # the real models (MiniLM, SmolLM2) once
+    quick = config.getoption("--quick")
+    if quick or config.getoption("--one-case"):
+        kept, seen = [], set()
+        for item in items:
+            params = getattr(item, "callspec", None)
+            values = params.params.values() if params else ()
+            backend = next((v for v in values if isinstance(v, str) and v in BACKENDS), None)
+            key = (item.path, getattr(item, "originalname", item.name), backend)
+            if not (quick and item.get_closest_marker("slow")) and key not in seen:
+                seen.add(key)
+                kept.append(item)
+        kept_ids = {id(item) for item in kept}
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept_ids])
+        items[:] = kept
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: the controller hands out this order
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
@@ -180,6 +263,8 @@ def _record_backend(request):
     tolerances.current_backend["oracle"] = getattr(request.module, "ORACLE", "numpy float64")
 
 
+_TIMING_RUNS: list[dict] = []  # the controller's: each worker's timing records (--timing-json)
+_RUN_STARTED = time.monotonic()
 _RECORDS = ("WORST", "PARITY", "GRADIENT_WORST", "CURVE_WORST")  # tolerances' dicts, keyed by tuples
 
 
@@ -207,6 +292,9 @@ def pytest_testnodedown(node, error):
     records = getattr(node, "workeroutput", {}).get("tolerances")
     if records:
         _merge_records(json.loads(records))
+    timing = getattr(node, "workeroutput", {}).get("timing")
+    if timing:
+        _TIMING_RUNS.append(json.loads(timing))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -234,7 +322,12 @@ def pytest_sessionfinish(session):
     if hasattr(session.config, "workeroutput"):
         records = {name: [[list(k), v] for k, v in getattr(tolerances, name).items()] for name in _RECORDS}
         session.config.workeroutput["tolerances"] = json.dumps(records)
+        if session.config.getoption("--timing-json"):
+            session.config.workeroutput["timing"] = json.dumps(timing_records())
         return
+    if session.config.getoption("--timing-json"):
+        runs = _TIMING_RUNS or [timing_records()]  # without xdist this process ran the tests
+        write_timing(session.config.getoption("--timing-json"), runs, time.monotonic() - _RUN_STARTED)
     path = session.config.getoption("--parity-json")
     if not path:
         return

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from transformer_spec import init_params
+from transformer_spec import Config, init_params
 
-from .. import tolerances
+from .. import LIGHT_XLA_FLAGS, tolerances
 from ..cases import DTYPES, VARIANTS, as_kind, flatten_output, model_inputs
-from ..tolerances import assert_close
+from ..helpers import training_batch
+from ..tolerances import assert_close, assert_loss_and_gradients_match
 
 jax = pytest.importorskip("jax", reason="the [jax] extra is not installed")
 jax_impl = pytest.importorskip("jax_impl")
@@ -63,3 +66,52 @@ def test_an_out_of_range_id_inside_a_user_jit_gives_nan_not_a_clamped_row():
     assert np.all(np.isfinite(out[0, 0])) and np.all(np.isnan(out[0, 1])) and np.all(np.isnan(out[0, 2]))
     with pytest.raises(ValueError, match=r"contains \[-1, 60\]"):
         embeddings(jnp.array([[1, 60, -1]]))  # eagerly, the same call raises
+
+
+# The models the code generator test computes: the paper's encoder-decoder and the modern decoder.
+CODEGEN_MODELS = {"paper": VARIANTS["pre-gelu-learned"], "llama": Config.preset("tiny-llama")}
+
+
+def codegen_results() -> dict[str, np.ndarray]:
+    """Every CODEGEN_MODELS model's jit-compiled logits (float64 and float32) and float64 loss and
+    gradients, and one eager attention: what this process's XLA code generator computes."""
+    results = {}
+    for name, config in CODEGEN_MODELS.items():
+        for dtype in DTYPES:
+            model = jax_impl.build_model(config, init_params(config, seed=3, dtype=dtype, nonzero_biases=True))
+            inputs = [jnp.asarray(x) for x in model_inputs(config, (3, 11, 7, True))]
+            results[f"{name}/{dtype}/logits"] = np.asarray(jax_impl.compiled(model)(*inputs).logits)
+        model = jax_impl.build_model(config, init_params(config, seed=3, dtype="float64", nonzero_biases=True))
+        loss, grads = jax_impl.loss_and_grads(model, training_batch(config))
+        results[f"{name}/float64/loss"] = np.asarray(loss)
+        results.update({f"{name}/float64/grad/{key}": np.asarray(g) for key, g in grads.items()})
+    return results
+
+
+def test_the_default_code_generator_computes_what_the_suites_computes(tmp_path):
+    """The suite compiles with XLA's light code generation (conftest.py's LIGHT_XLA_FLAGS: the test
+    run's time is mostly compiling); users run XLA's defaults. A child process with the default flags
+    computes the same models' logits, loss and gradients, held to this process's within the suite's
+    tolerances: the suite's numbers are the numbers users get."""
+    out = tmp_path / "default.npz"
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in LIGHT_XLA_FLAGS]
+    env = dict(os.environ, XLA_FLAGS=" ".join(flags))
+    root = pathlib.Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-m", "shared_tests.models.test_jax_specifics", str(out)], cwd=root, env=env,
+                   check=True, capture_output=True, text=True, timeout=600)  # fmt: skip
+    default, here = dict(np.load(out)), codegen_results()
+    assert default.keys() == here.keys()
+    for name in CODEGEN_MODELS:
+        for dtype in DTYPES:
+            key = f"{name}/{dtype}/logits"
+            assert_close(here[key], default[key], dtype, f"light vs default XLA {key}")
+        grads = [{k.split("/grad/")[1]: v for k, v in r.items() if k.startswith(f"{name}/float64/grad/")}
+                 for r in (here, default)]  # fmt: skip
+        assert_loss_and_gradients_match((float(here[f"{name}/float64/loss"]), grads[0]),
+                                        (float(default[f"{name}/float64/loss"]), grads[1]),
+                                        f"light vs default XLA {name}")  # fmt: skip
+
+
+if __name__ == "__main__":  # the default code generator's child (the test above)
+    jax.config.update("jax_enable_x64", True)
+    np.savez(sys.argv[1], **codegen_results())

@@ -23,7 +23,7 @@ COURSE_COMMANDS = (
     ".venv/bin/python -m transformer_course.build --no-execute",
     ".venv/bin/jupyter lab notebooks/",
 )
-TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install nox && .venv/bin/nox -s lint parity oracles notebooks"
+TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install nox && .venv/bin/nox -s lint suite"
 
 
 def markdown_pages() -> dict[str, str]:
@@ -188,7 +188,7 @@ def test_the_readme_opens_the_course_in_two_commands():
 
 def test_ci_runs_the_readmes_test_command():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    sessions = TEST_COMMAND.rsplit("/nox ", 1)[1]  # -s lint parity oracles notebooks
+    sessions = TEST_COMMAND.rsplit("/nox ", 1)[1]  # -s lint suite
     assert re.search(rf"^\S*nox {re.escape(sessions)}$", ci, re.M), f"CI does not run nox {sessions}"
 
 

@@ -89,14 +89,10 @@ def jax_children(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, 
     # no persistent compilation cache: no other process compiles these programs, and writing each
     # one to it took 12% of a child's time
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    inherited = [flag for flag in env.get("XLA_FLAGS", "").split() if flag.startswith("--")]  # xdist's
-    # 4 CPU devices, and XLA's cheaper code generation (LLVM's light passes; the older elemental
-    # emitters, which generate a fusion's code in half the time of the newer ones): compiling is
-    # nearly all of the children's time, and the HLO passes that place the collectives and plan
-    # the memory are the same
-    flags = [f"--xla_force_host_platform_device_count={JAX_DEVICES}", "--xla_backend_optimization_level=0",
-             "--xla_llvm_disable_expensive_passes=true", "--xla_cpu_use_fusion_emitters=false"]  # fmt: skip
-    env["XLA_FLAGS"] = " ".join([*inherited, *flags])
+    # 4 CPU devices; XLA's light code generation comes with the run's XLA_FLAGS (conftest.py): compiling
+    # is nearly all of the children's time
+    flag = f"--xla_force_host_platform_device_count={JAX_DEVICES}"
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
     module = "shared_tests.sharding.test_jax_sharding"
     return {part: [sys.executable, "-m", module, "child", str(folder), part] for part in CONFIGS}, env
 

@@ -89,7 +89,7 @@ def test_every_backend_learns_the_copy_task_to_exact_greedy_outputs(backend):
     config = COPY.replace(norm_first=True)
     model = backend.impl.build_model(config, init_params(config, seed=0, dtype="float32"))
     batches = [copy_task(32, 5, 12, seed=s) for s in range(100)]
-    losses = backend.impl.train(model, batches, 600, warmup_schedule(config.d_model, 200))
+    losses = backend.impl.train(model, batches, 700, warmup_schedule(config.d_model, 200))
     held_out = copy_task(50, 5, 12, seed=999)  # sequences the model never saw
     out = greedy_decode(PrefixStepper(backend, model), held_out["src_ids"], BOS, EOS, max_len=6)
     exact = np.all(out[:, 1:6] == held_out["src_ids"], axis=1) & (out[:, 6] == EOS)
