@@ -1,6 +1,6 @@
 """Mutation testing with hand-made realistic bugs (``tools/mutant_list.py``).
 
-    python -m tools.mutants [--only NAME ...] [--jobs N] [--timeout S] [--json PATH] [--check]
+    python -m tools.mutants [--only NAME ...] [--jobs N] [--timeout S] [--json PATH] [--check] [--quick]
 
 For each mutant: copy the repository (``git archive HEAD``, or the working tree with
 ``--worktree``) into a temporary folder, replace the mutant's snippet (which must occur
@@ -23,7 +23,9 @@ compared only there, the fused kernel runs everywhere else; ``--full``: every ot
 too); a file in BY_PATH runs the files that exercise it. The mutation tests (MUTATION_TESTS:
 the tests written for the mutants that survived the rest, each in the file of its subject) are
 left out of that run and run after it, on their own, so a mutant killed only by them shows it:
-the score "without" them is the suite's before they were written. A jax or torch mutant runs for that
+the score "without" them is the suite's before they were written. ``--quick``: each mutant runs the
+edit-test loop's run instead (``pytest shared_tests --quick``, EXCLUDED left out; the mutation tests
+in it): the quick run's kill rate. A jax or torch mutant runs for that
 backend only; a NumPy mutant runs for torch (held to NumPy, it sees NumPy's bugs, and the
 NumPy-only tests run too); a mutant of a backend-neutral package runs for numpy.
 """
@@ -100,10 +102,14 @@ def test_files(root: pathlib.Path, mutant: Mutant | None = None, full: bool = Fa
 
 
 def pytest_command(mutant: Mutant, root: pathlib.Path, workers: int, full: bool = False,
-                   mutation_tests: bool = False) -> list[str]:  # fmt: skip
-    """The run of the chosen files without the mutation tests; ``mutation_tests``: the run of those alone."""
+                   mutation_tests: bool = False, quick: bool = False) -> list[str]:  # fmt: skip
+    """The run of the chosen files without the mutation tests; ``mutation_tests``: the run of those alone;
+    ``quick``: the edit-test loop's run (``pytest shared_tests --quick``, the mutation tests in it), without
+    EXCLUDED."""
     backend = mutant.backend
-    if mutation_tests:
+    if quick:
+        tests = ["shared_tests", "--quick", *(f"--ignore=shared_tests/{name}" for name in sorted(EXCLUDED))]
+    elif mutation_tests:
         tests = [f"shared_tests/{t}" for t in MUTATION_TESTS]
     else:
         tests = [*test_files(root, mutant, full), *(f"--deselect=shared_tests/{t}" for t in MUTATION_TESTS)]
@@ -174,14 +180,14 @@ class Result:
 
 
 def run_one(mutant: Mutant, base: pathlib.Path, scratch: pathlib.Path, timeout: float, workers: int,
-            single_thread: bool, full: bool) -> Result:  # fmt: skip
+            single_thread: bool, full: bool, quick: bool = False) -> Result:  # fmt: skip
     root = scratch / mutant.name
     shutil.copytree(base, root)
     start = time.monotonic()
     try:
         apply(mutant, root)
-        for mutation_tests in (False, True):  # the mutation tests only if the rest all passed
-            command = pytest_command(mutant, root, workers, full, mutation_tests)
+        for mutation_tests in (False,) if quick else (False, True):  # the mutation tests only if the rest passed
+            command = pytest_command(mutant, root, workers, full, mutation_tests, quick)
             left = timeout - (time.monotonic() - start)
             try:
                 proc = subprocess.run(command, cwd=root, env=environment(root, single_thread), capture_output=True,
@@ -213,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per mutant (default 1200)")
     parser.add_argument("--json", default=str(ROOT / "tools" / "mutants_results.json"), help="where to write results")
     parser.add_argument("--full", action="store_true", help="every mutant runs the whole suite (minus EXCLUDED)")
+    parser.add_argument("--quick", action="store_true",
+                        help="every mutant runs the quick run (pytest shared_tests --quick, minus EXCLUDED)")
     parser.add_argument("--worktree", action="store_true", help="mutate the working tree as it is, not HEAD")
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies, run nothing")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
@@ -246,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         results: list[Result] = []
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             futures = {
-                pool.submit(run_one, m, base, scratch, args.timeout, args.workers, args.jobs > 1, args.full): m
+                pool.submit(run_one, m, base, scratch, args.timeout, args.workers, args.jobs > 1, args.full,
+                            args.quick): m
                 for m in mutants
             }
             for future in concurrent.futures.as_completed(futures):

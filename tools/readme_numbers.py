@@ -248,6 +248,7 @@ def blocks() -> dict[str, Callable[[], str | None]]:
         "testsessions": lambda: suite_time.sessions_table(timed),
         "testslowest": lambda: suite_time.slowest_table(timed),
         "testrepeated": lambda: suite_time.repeated_table(timed),
+        **({"testquick": lambda: suite_time.quick_line(timed)} if timed and "quick" in timed else {}),
     }
     return {
         **(test_time if timed else {}),

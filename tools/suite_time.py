@@ -32,6 +32,8 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULT = ROOT / "docs" / "test-time.json"
 SLOWEST = 30  # tests in the table of the slowest
+# The quick run (CONTRIBUTING.md), in the suite session's environment; the nox session quick runs the same.
+QUICK_COMMAND = ".nox/suite/bin/pytest shared_tests --quick --numprocesses=auto --maxprocesses=4 --dist=loadgroup -q"
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -88,6 +90,10 @@ def measure() -> dict[str, Any]:
         timing.mkdir()
         wall, log = _run(test_command, clones["tests"], dict(env, SUITE_TIMING_DIR=str(timing)))
         sessions = _sessions(log, timing)
+        # the quick run, in the environment the suite session made (every extra), as CONTRIBUTING shows it
+        quick_json = timing / "quick.json"
+        quick_wall, _ = _run(f"{QUICK_COMMAND} --timing-json={quick_json}", clones["tests"], env)
+        quick = summary(json.loads(quick_json.read_text()))
     return {
         "command": test_command,
         "main_command_s": round(main_wall, 1),
@@ -98,6 +104,9 @@ def measure() -> dict[str, Any]:
         "memory_read_gb_s": round(memory_read_rate(), 1),
         "wall_s": round(wall, 1),
         "sessions": sessions,
+        "quick_command": QUICK_COMMAND,
+        "quick_s": round(quick_wall, 1),
+        "quick": quick,
     }
 
 
@@ -113,9 +122,24 @@ def _sessions(log: str, timing: pathlib.Path) -> list[dict[str, Any]]:
                 record[f"{kind}_s"] = round(sum(json.loads(path.read_text())), 1)
         tests = timing / f"{name}.json"
         if tests.exists():
-            record["pytest"] = json.loads(tests.read_text())
+            record["pytest"] = summary(json.loads(tests.read_text()))
         sessions.append(record)
     return sessions
+
+
+KEPT = 100  # the slowest tests kept whole in docs/test-time.json; the rest only in the totals
+
+
+def summary(run: dict[str, Any]) -> dict[str, Any]:
+    """A pytest run's --timing-json records, kept small enough to commit: the run's wall time, its
+    processes, every figure summed over all its tests, and the KEPT slowest tests."""
+    tests = sorted(run["tests"], key=lambda t: -(t.get("setup_s", 0) + t.get("call_s", 0)))
+    totals: dict[str, float] = {"tests": len(tests)}
+    for test in tests:
+        for key, value in test.items():
+            if isinstance(value, (int, float)):
+                totals[key] = totals.get(key, 0) + value
+    return {"wall_s": run["wall_s"], "processes": run["processes"], "totals": totals, "tests": tests[:KEPT]}
 
 
 # ----------------------------------------------------------------------------- the tables
@@ -124,7 +148,8 @@ def _minutes(seconds: float) -> str:
 
 
 def sessions_table(result: dict[str, Any]) -> str:
-    lines = ["| session | whole | installs | pytest: workers' start and collection | pytest: tests | tests run |",
+    lines = [f"The README's test command on a fresh clone of {result['commit']} ({headline(result)}):", "",
+             "| session | whole | installs | pytest: workers' start and collection | pytest: tests | tests run |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for s in result["sessions"]:
         run = s.get("pytest")
@@ -132,7 +157,7 @@ def sessions_table(result: dict[str, Any]) -> str:
             starts = [p.get("startup_wall_s", 0.0) for p in run["processes"]]
             tests = f"{run['wall_s'] - max(starts):.0f} s"
             start = f"{max(starts):.0f} s"
-            count = str(len(run["tests"]))
+            count = str(run["totals"]["tests"])
         else:
             tests = start = count = "-"
         install = f"{s['install_s']:.0f} s" if "install_s" in s else "-"
@@ -143,38 +168,35 @@ def sessions_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _all_tests(result: dict[str, Any]) -> list[dict[str, Any]]:
-    return [t for s in result["sessions"] for t in s.get("pytest", {}).get("tests", [])]
-
-
 def slowest_table(result: dict[str, Any], count: int = SLOWEST) -> str:
-    tests = sorted(_all_tests(result), key=lambda t: -(t.get("setup_s", 0) + t.get("call_s", 0)))[:count]
+    tests = [t for s in result["sessions"] for t in s.get("pytest", {}).get("tests", [])]
+    tests = sorted(tests, key=lambda t: -(t.get("setup_s", 0) + t.get("call_s", 0)))[:count]
     lines = ["| test | setup | call | of the call: JAX tracing + lowering | XLA compiling | the rest (running) |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for t in tests:
         jax_front = t.get("jax_trace_s", 0) + t.get("jax_lower_s", 0)
         compile_s = t.get("jax_compile_s", 0)
         rest = t.get("call_s", 0) - jax_front - compile_s
-        name = t["test"].removeprefix("shared_tests/")
-        lines.append(f"| `{name}` | {t.get('setup_s', 0):.1f} s | {t.get('call_s', 0):.1f} s | {jax_front:.1f} s | "
+        file, test = t["test"].removeprefix("shared_tests/").split("::", 1)
+        name = f"`{file}`: {test.removeprefix('test_').replace('_', ' ')}"  # words wrap in a narrow window
+        lines.append(f"| {name} | {t.get('setup_s', 0):.1f} s | {t.get('call_s', 0):.1f} s | {jax_front:.1f} s | "
                      f"{compile_s:.1f} s | {max(rest, 0):.1f} s |")  # fmt: skip
     return "\n".join(lines)
 
 
 def repeated_table(result: dict[str, Any]) -> str:
     """The same work done more than once: programs compiled again, frameworks imported again."""
-    tests = _all_tests(result)
-    hits = sum(t.get("jax_cache_hits", 0) for t in tests)
-    misses = sum(t.get("jax_cache_misses", 0) for t in tests)
-    read = sum(t.get("jax_cache_read_s", 0) for t in tests)
-    compile_s = sum(t.get("jax_compile_s", 0) for t in tests) - read
-    front = sum(t.get("jax_trace_s", 0) + t.get("jax_lower_s", 0) for t in tests)
-    call = sum(t.get("call_s", 0) + t.get("setup_s", 0) for t in tests)
-    processes = [p for s in result["sessions"] for p in s.get("pytest", {}).get("processes", [])]
+    runs = [s["pytest"] for s in result["sessions"] if "pytest" in s]
+    total = {key: sum(r["totals"].get(key, 0) for r in runs) for key in {k for r in runs for k in r["totals"]}}
+    hits, misses = total.get("jax_cache_hits", 0), total.get("jax_cache_misses", 0)
+    read = total.get("jax_cache_read_s", 0)
+    compile_s = total.get("jax_compile_s", 0) - read
+    front = total.get("jax_trace_s", 0) + total.get("jax_lower_s", 0)
+    processes = [p for r in runs for p in r["processes"]]
     starts = sum(p.get("startup_cpu_s", 0) for p in processes)
     per_compile = compile_s / misses if misses else 0.0
     rows = [
-        ("tests' time (setup + call, every worker)", f"{call:.0f} s"),
+        ("tests' time (setup + call, every worker)", f"{total.get('setup_s', 0) + total.get('call_s', 0):.0f} s"),
         ("of it, XLA compiling programs not compiled before in this run", f"{compile_s:.0f} s ({misses} programs)"),
         ("programs compiled before (another test or worker) and read back from the run's cache",
          f"{hits}, read in {read:.0f} s (compiled again: ~{hits * per_compile:.0f} s)"),
@@ -191,6 +213,12 @@ def headline(result: dict[str, Any]) -> str:
             f"`python -m tools.suite_time --measure`")  # fmt: skip
 
 
+def quick_line(result: dict[str, Any]) -> str:
+    """CONTRIBUTING's sentence: the quick run's time."""
+    return (f"The quick run took {_minutes(result['quick_s'])} ({result['quick']['totals']['tests']} tests; "
+            f"{headline(result)}).")  # fmt: skip
+
+
 def commands_line(result: dict[str, Any]) -> str:
     """The README's sentence: the two commands' times on fresh clones."""
     return (f"On a fresh clone the first took {result['main_command_s']:.0f} s, the second "
@@ -203,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.measure:
         result = measure()
-        RESULT.write_text(json.dumps(result) + "\n", encoding="utf-8")
+        RESULT.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {RESULT.relative_to(ROOT)}")
     if not RESULT.exists():
         raise SystemExit(f"{RESULT.relative_to(ROOT)} is missing: run python -m tools.suite_time --measure")
