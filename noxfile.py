@@ -148,7 +148,7 @@ def suite(session):
 @nox.session
 @timed
 def quick(session):
-    """The edit-test loop's run (not in CI): ``pytest shared_tests --quick`` in suite's environment, every
+    """The edit-test loop's run (not in CI): ``pytest shared_tests --quick`` with every extra installed, every
     subject folder and every backend, each test function once per backend, the slow set left out
     (conftest.py). ``nox -R -s quick`` skips the installs once the environment exists."""
     _install_everything(session)
