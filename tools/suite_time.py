@@ -92,7 +92,8 @@ def measure() -> dict[str, Any]:
         sessions = _sessions(log, timing)
         # the quick run, in the environment the suite session made (every extra), as CONTRIBUTING shows it
         quick_json = timing / "quick.json"
-        quick_wall, _ = _run(f"{QUICK_COMMAND} --timing-json={quick_json}", clones["tests"], env)
+        offline = dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # as the noxfile's sessions set it
+        quick_wall, _ = _run(f"{QUICK_COMMAND} --timing-json={quick_json}", clones["tests"], offline)
         quick = summary(json.loads(quick_json.read_text()))
     return {
         "command": test_command,
