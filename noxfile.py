@@ -25,9 +25,9 @@ TORCH_PIN = "torch==2.13.0"  # also pinned in pyproject.toml; repeated here so p
 PARALLEL = ["--numprocesses=auto", "--maxprocesses=4"]
 
 # The tests against code nobody here wrote (torch.nn, transformers, Flax, the real SmolLM2 files): one
-# folder. The oracles session runs it, with the references installed; the parity session leaves it out.
+# folder. The suite and oracles sessions run it, with the references installed; the parity session leaves it out.
 ORACLE_TESTS = "shared_tests/oracles"
-# The course: the notebooks session runs it, with the notebook tools installed; the parity session leaves it out.
+# The course: the suite and notebooks sessions run it, with the notebook tools installed; parity leaves it out.
 COURSE_TESTS = "shared_tests/notebooks"
 DOCS_SITE_TESTS = "shared_tests/repository/test_docs.py"
 # What the numpy session's environment lacks: the frameworks, what needs them, the oracles' and the course's
