@@ -92,18 +92,6 @@ def _timing(session) -> list[str]:
     return [f"--timing-json={os.path.join(folder, session.name + '.json')}"] if folder else []
 
 
-def _oracle_commands(session):
-    """The commands a user of the real models types: MiniLM, its embeddings, SmolLM2's continuation."""
-    session.run(
-        "transformer-ref", "compare", "--preset", "minilm", "--text", "time flies like an arrow", "--repeat", "2"
-    )
-    session.run("transformer-ref", "embed", "time flies like an arrow", "fruit flies like a banana", "--backend", "jax")
-    session.run(
-        "transformer-ref", "generate", "--prompt", "The capital of France is", "--backend", "all",
-        "--max-new-tokens", "8",
-    )  # fmt: skip
-
-
 @nox.session
 @timed
 def numpy(session):
@@ -131,8 +119,9 @@ def suite(session):
     """What CI runs (the README's test command): everything the parity, oracles and notebooks sessions
     run, in one environment installed once and one pytest run, so the two xdist workers share one
     persistent compilation cache and no worker waits at the end of one session while the other
-    finishes: every backend against the reference, the oracles, the course; then the main command
-    and the commands a user of the real models types."""
+    finishes: every backend against the reference, the oracles, the course (with the commands a user of
+    the real models types, run in-process: shared_tests/oracles/test_oracle_bert.py's embed and compare,
+    shared_tests/cli/test_cli_generate.py's generate --backend all); then the main command."""
     _install_everything(session)
     session.run("pytest", "shared_tests", *PARALLEL, "--dist=loadgroup", *_timing(session), *session.posargs)
     # each backend's session installs only its framework: every test that needs another skips, saying so
@@ -141,7 +130,6 @@ def suite(session):
     session.run("pytest", "shared_tests", "--backend=numpy", "--one-case", f"--ignore={DOCS_SITE_TESTS}", *PARALLEL,
                 "-q", env={"SHARED_TESTS_HIDE": ",".join(NOT_IN_NUMPY_SESSION)})  # fmt: skip
     session.run("transformer-ref", "compare")  # the README's main command
-    _oracle_commands(session)
     session.run("python", "-m", "transformer_course.build", "--no-execute", "--force")  # the README's command
 
 
@@ -187,7 +175,6 @@ def oracles(session):
     _install_everything(session)
     # each oracle file on one worker (conftest.py groups them), so each loads the real models once
     session.run("pytest", ORACLE_TESTS, *PARALLEL, "--dist=loadgroup", *_timing(session), *session.posargs)
-    _oracle_commands(session)
 
 
 @nox.session

@@ -213,14 +213,50 @@ SLOW = {
 }
 
 
+# Under --dist=loadgroup the tests of one group run on one worker, one after the other, so a module-scoped
+# fixture is built once: each oracle file loads its real models (MiniLM, SmolLM2, transformers' copies of
+# them) once, the real SmolLM2's command-line tests read the file once, and one worker pays torch.compile's
+# start-up for both files that compile. Every other test is a group of its own, handed to whichever worker
+# is free.
+GROUPS = {
+    "cli/test_smollm2_sentence.py": "cli/test_smollm2_sentence.py",
+    "cli/test_cli_generate.py": "cli/test_cli_generate.py",
+    "models/test_torch_compiled.py": "torch.compile",
+    "oracles/test_oracle_torch_eager.py": "torch.compile",
+}
+
+
+def group_of(file: str) -> str | None:
+    """The group of a test file (its path under shared_tests/), or None: it has none."""
+    return GROUPS.get(file) or (file if file.startswith("oracles/") else None)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # an xdist hook, asked before xdist's own answer
+def pytest_xdist_make_scheduler(config, log):
+    """--dist=loadgroup as GROUPS says. xdist's own loadgroup reads the groups from the test ids, where
+    it writes the xdist_group marks into them; pytest 9.2 derives a test's id from its structured
+    address, so those writes no longer reach the id, and every test would be a group of its own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            file = path.split("shared_tests/", 1)[1] if "shared_tests/" in path else path
+            return group_of(file) or nodeid
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     here = pathlib.Path(__file__).resolve().parent
     for item in items:
         file = item.path.resolve().relative_to(here).as_posix() if item.path.resolve().is_relative_to(here) else ""
         if getattr(item, "originalname", item.name) in SLOW.get(file, ()):
             item.add_marker(pytest.mark.slow)
-        if file.startswith("oracles/"):  # under --dist=loadgroup a file's oracles run on one worker: each loads
-            item.add_marker(pytest.mark.xdist_group(file))  # the real models (MiniLM, SmolLM2) once
+        if group_of(file):  # xdist's own reading of the mark; the scheduler below does not rely on it
+            item.add_marker(pytest.mark.xdist_group(group_of(file)))
     quick = config.getoption("--quick")
     if quick or config.getoption("--one-case"):
         kept, seen = [], set()

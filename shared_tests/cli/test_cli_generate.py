@@ -71,9 +71,19 @@ def test_generate_continues_the_prompt_with_the_real_model(capsys):
 
 
 def test_generate_reports_the_compiling_calls_apart_from_the_steady_rate(capsys):
+    """``--backend all``, as a user types it: every installed backend continues the prompt, JAX's
+    first calls marked as compiling (NumPy and eager torch compile nothing), then the side-by-side
+    table of each backend's logits against NumPy's."""
     _needs_smollm2()
-    pytest.importorskip("jax")
-    assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "3", "--backend", "jax"]) == 0
+    from transformer_backends import available_backends
+
+    assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "3", "--backend", "all"]) == 0
     out = capsys.readouterr().out
-    assert re.search(TIMES.format(name="jax", compiles=r" \(compiles\)"), out), out
-    assert " Paris" in out
+    for name in available_backends():
+        assert re.search(TIMES.format(name=name, compiles=r" \(compiles\)" if name == "jax" else ""), out), out
+    assert out.count(" Paris") >= len(available_backends()), out
+    if len(available_backends()) > 1:
+        assert "side by side over" in out, out
+        rows = {line.split()[0]: line.split() for line in out.split("side by side over")[1].splitlines()[2:] if line.strip()}
+        for name in available_backends():  # the same tokens as NumPy's, logits within float32's tolerance
+            assert rows[name][1] == "True" and float(rows[name][3]) <= 1e-5, out

@@ -92,6 +92,39 @@ def test_sentence_embeddings_match_sentence_transformers(backend, minilm, dtype)
     assert_close(got, want, "float32", "sentence embedding vs sentence-transformers")  # the oracle is float32
 
 
+def test_the_embed_command_prints_sentence_transformers_similarities(backend, capsys):
+    """``transformer-ref embed`` as a user types it, in each backend: the cosine similarity of the
+    two sentences it prints is sentence-transformers' (to the 3 decimals it prints)."""
+    sentence_transformers = pytest.importorskip("sentence_transformers", reason="needs the [oracles] extra")
+    from transformer_cli.main import main
+
+    pair = list(PAIRS[0])
+    assert main(["embed", *pair, "--backend", backend.name]) == 0
+    out = capsys.readouterr().out
+    reference = sentence_transformers.SentenceTransformer(minilm_directory(), device="cpu")
+    a, b = reference.encode(pair, convert_to_numpy=True)
+    want = f"{float(a @ b):.3f}"
+    assert f"all-MiniLM-L6-v2 in {backend.name} (float32)" in out, out
+    assert f"   1.000  {want}   {pair[0]!r}" in out and f"   {want}  1.000   {pair[1]!r}" in out, (want, out)
+
+
+def test_the_compare_command_holds_the_real_minilm_to_the_reference_in_every_backend(capsys):
+    """``transformer-ref compare --preset minilm`` as a user types it: a row per installed backend
+    and dtype, each within its tolerance of the NumPy float64 reference (relative to max |ref|)."""
+    from transformer_backends import available_backends
+    from transformer_backends.tolerances import TOLERANCE
+    from transformer_cli.main import main
+
+    assert main(["compare", "--preset", "minilm", "--text", PAIRS[0][0], "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "all-MiniLM-L6-v2 (real weights)" in out and "[CLS] time flies like an arrow [SEP]" in out, out
+    for name in available_backends():
+        for dtype in ("float64", "float32"):
+            row = next((line.split() for line in out.splitlines() if line.split()[:2] == [name, dtype]), None)
+            assert row is not None, f"no {name} {dtype} row in:\n{out}"
+            assert float(row[3]) <= TOLERANCE[dtype], f"{name} {dtype}: {row[3]} relative to the reference"
+
+
 def test_our_weights_export_back_to_the_hf_layout_exactly(minilm):
     from safetensors.numpy import load_file
 
