@@ -84,6 +84,8 @@ def test_generate_reports_the_compiling_calls_apart_from_the_steady_rate(capsys)
     assert out.count(" Paris") >= len(available_backends()), out
     if len(available_backends()) > 1:
         assert "side by side over" in out, out
-        rows = {line.split()[0]: line.split() for line in out.split("side by side over")[1].splitlines()[2:] if line.strip()}
+        rows = {
+            line.split()[0]: line.split() for line in out.split("side by side over")[1].splitlines()[2:] if line.strip()
+        }
         for name in available_backends():  # the same tokens as NumPy's, logits within float32's tolerance
             assert rows[name][1] == "True" and float(rows[name][3]) <= 1e-5, out
