@@ -63,9 +63,14 @@ def timed(function):
 
 
 def _install(session, *args):
-    """``session.install(*args)``, its seconds recorded (``_record``)."""
+    """``session.install(*args)``, its seconds recorded (``_record``). pip leaves each module's bytecode to
+    its first import (--no-compile): byte-compiling every file of torch, JAX, transformers and the rest
+    took about 45 s of the suite's install here, mostly for modules no test imports. Python writes the
+    bytecode of what is imported once (PYTHONDONTWRITEBYTECODE cleared for the session's commands), and
+    every later process reads it."""
+    session.env["PYTHONDONTWRITEBYTECODE"] = ""  # empty: unset, for Python
     start = time.monotonic()
-    session.install(*args)
+    session.install("--no-compile", *args)
     _record(session, "install", time.monotonic() - start)
 
 

@@ -41,6 +41,7 @@ from source and is not needed here).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 
@@ -303,6 +304,32 @@ def _dequantized(tensor, linear: bool, dtype: str) -> np.ndarray:
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _parsed(path: str, stamp: tuple[int, int, int]) -> tuple[GGUFInfo, Config, tuple]:
+    """A file's tokenizer info, its config (the file's interleaved rotary layout) and its tensors
+    (memory-mapped, not yet dequantized), checked against ``param_schema``. Kept for the process,
+    keyed by path and ``stamp`` (size, modification time, inode: a rewritten file is read again):
+    parsing the metadata, mostly the 49,152-token vocabulary and its merges, is most of a load's
+    time, and a program (a test run, a notebook) loads the same file more than once."""
+    reader = _reader(path)
+    info = _info(reader, path)
+    names = [tensor.name for tensor in reader.tensors]
+    config = _config(reader, info, has_output="output.weight" in names)
+
+    unknown = [name for name in names if _canonical_name(name) is None]
+    if unknown:
+        raise WeightsFileError(f"the GGUF file has tensors this model does not know: {unknown}")
+    shapes = {}
+    for tensor in reader.tensors:
+        ours, linear = _canonical_name(tensor.name)
+        # ReaderTensor.shape is GGML's ne (fastest axis first): reversed, it is NumPy's shape.
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        shapes[ours] = shape[::-1] if linear else shape
+    check_params(shapes, param_schema(config), f"the config read from {path!r}")
+    # the parsed metadata (~150 MB of small arrays) is not kept: only the tensors' views of the file
+    return info, config, tuple(reader.tensors)
+
+
 def load_gguf(
     path: str | os.PathLike, rope_layout: str = "halves", dtype: str = "float32"
 ) -> tuple[Config, dict[str, np.ndarray], GGUFInfo]:
@@ -323,30 +350,18 @@ def load_gguf(
         "float32" or "float64".
 
     One tensor at a time is dequantized (a block of rows at a time), transposed and permuted,
-    so the peak memory is the returned weights plus a few MB, on top of the gguf reader's
-    parsed metadata and the memory-mapped file.
+    so the peak memory is the returned weights plus a few MB, on top of the memory-mapped file.
+    A file loaded before in this process (same path, size and modification time) is not parsed
+    again: only dequantized, into new arrays the caller owns.
     """
     if rope_layout not in ("halves", "interleaved"):
         raise ValueError(f"rope_layout must be 'halves' or 'interleaved', got {rope_layout!r}")
     check_dtype_request(dtype)
-    reader = _reader(path)
-    info = _info(reader, os.fspath(path))
-    names = [tensor.name for tensor in reader.tensors]
-    config = _config(reader, info, has_output="output.weight" in names)
-
-    unknown = [name for name in names if _canonical_name(name) is None]
-    if unknown:
-        raise WeightsFileError(f"the GGUF file has tensors this model does not know: {unknown}")
-    shapes = {}
-    for tensor in reader.tensors:
-        ours, linear = _canonical_name(tensor.name)
-        # ReaderTensor.shape is GGML's ne (fastest axis first): reversed, it is NumPy's shape.
-        shape = tuple(int(n) for n in reversed(tensor.shape))
-        shapes[ours] = shape[::-1] if linear else shape
-    check_params(shapes, param_schema(config), f"the config read from {os.fspath(path)!r}")
-
-    tensors = reader.tensors
-    del reader  # the parsed metadata (~150 MB of small arrays) is no longer needed; the tensors' views stay
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no GGUF file at {path!r}")
+    stat = os.stat(path)
+    info, config, tensors = _parsed(path, (stat.st_size, stat.st_mtime_ns, stat.st_ino))
     params: dict[str, np.ndarray] = {}
     for tensor in tensors:
         ours, linear = _canonical_name(tensor.name)
