@@ -72,7 +72,15 @@ class Config:
     the resolved value under the field's own name (``Config(num_heads=8).num_kv_heads == 8``),
     and remembers that it was left to follow, so that ``replace`` and ``to_dict`` keep
     following (``Config(num_heads=8).replace(num_heads=4).num_kv_heads == 4``, and the JSON in
-    a weights file stores ``null`` there, as files always have). Two Configs are equal when they
+    a weights file stores ``null`` there, as files always have). Python's own copies follow
+    too: ``dataclasses.replace``, ``copy.replace`` and ``Config(**dataclasses.asdict(c))``
+    read each field's value and pass it back, and a resolved value is one that says it
+    follows (an ``int`` that prints as the number or as True/False), so
+    ``dataclasses.replace(Config.preset("base"), num_heads=16).num_kv_heads == 16``, not a
+    grouped-query model with 8. To pin a followed value in such a copy, pass it as a plain
+    ``int(...)`` or ``bool(...)``; ``replace`` pins whatever it is given. A followed switch
+    equals its bool (compare with ``==`` or test it with ``if``), but is not the object
+    ``True`` or ``False`` (bool cannot be subclassed): ``is True`` is False for it. Two Configs are equal when they
     build the same model: ``Config(num_heads=8) == Config(num_heads=8, num_kv_heads=8)``.
     sinusoid_layout:
         the fixed sinusoids' columns: "interleaved" (the paper: sin, cos, sin, ...) or
@@ -122,12 +130,15 @@ class Config:
     share_embeddings: bool = False
 
     def __post_init__(self) -> None:
-        following = frozenset(name for name in FOLLOWS if getattr(self, name) is None)
+        following = frozenset(name for name in FOLLOWS if _follows(getattr(self, name)))
         object.__setattr__(self, "_following", following)  # not a field: equality compares the model
         for name, leader in FOLLOWS.items():
             if name in following:
-                object.__setattr__(self, name, getattr(self, leader))
+                object.__setattr__(self, name, _Followed.of(getattr(self, leader)))
         self._validate()
+
+    def __replace__(self, **changes: Any) -> Config:  # copy.replace (Python 3.13): Config.replace
+        return self.replace(**changes)
 
     def __getattr__(self, name: str) -> Any:
         """Only reached for a missing attribute: a former name is refused with the current one."""
@@ -219,7 +230,8 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes``; a field that was left to follow still follows (not
         ``dataclasses.replace``, which would pin it to its value before the change)."""
-        return type(self)(**(self.to_dict() | changes))
+        plain = {name: _plain(value) for name, value in changes.items()}  # a value passed here is given
+        return type(self)(**(self.to_dict() | plain))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as given: ``None`` where a field follows another one (``FOLLOWS``)."""
@@ -298,8 +310,48 @@ def _positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+class _Followed(int):
+    """The value a field left to follow took from its leader (``FOLLOWS``): equal to it, hashed as
+    it, and read back by ``Config()`` as "follows", which is what a copy made by reading the
+    fields' values (``dataclasses.replace``, ``dataclasses.asdict``) hands back."""
+
+    @staticmethod
+    def of(value: Any) -> Any:
+        """``value`` marked as followed; a value of no such type as is (validation names the leader)."""
+        if isinstance(value, bool):
+            return _FollowedBool(value)
+        return _FollowedInt(value) if isinstance(value, int) else value
+
+
+class _FollowedInt(_Followed):
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+    __str__ = __repr__
+
+
+class _FollowedBool(_Followed):
+    """A bool's value (bool cannot be subclassed): prints as True or False."""
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+    __str__ = __repr__
+
+
+def _plain(value: Any) -> Any:
+    """A followed value as the plain bool or int it equals (given, it no longer follows)."""
+    if isinstance(value, _FollowedBool):
+        return bool(value)
+    return int(value) if isinstance(value, _FollowedInt) else value
+
+
+def _follows(value: Any) -> bool:
+    return value is None or isinstance(value, _Followed)
+
+
 def _bool(name: str, value: Any, or_else: str = "") -> None:
-    if not isinstance(value, bool):
+    if not isinstance(value, (bool, _FollowedBool)):
         raise ValueError(f"{name} must be a bool (True or False){' or ' + or_else if or_else else ''}, got {value!r}")
 
 

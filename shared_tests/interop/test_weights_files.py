@@ -305,7 +305,7 @@ def test_a_file_storing_null_for_the_fields_that_follow_loads_to_the_model_it_wa
     params, config = load_params(path)
     assert config == LM
     assert (config.num_kv_heads, config.attention_bias, config.ffn_bias) == (LM.num_heads, LM.bias, LM.bias)
-    assert config.decoder_final_norm is LM.norm_first is True and "decoder.norm.weight" in params
+    assert config.decoder_final_norm == LM.norm_first and LM.norm_first and "decoder.norm.weight" in params
     assert json.loads(config.to_json()) == stored
     assert config.replace(num_heads=4, d_model=36).num_kv_heads == 4  # still follows num_heads
 

@@ -3,6 +3,8 @@ hypothesis), schema, init, safetensors I/O."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -126,6 +128,45 @@ def test_replace_keeps_a_field_that_was_left_to_follow_following():
     assert given.replace(bias=False, attention_bias=True).attention_bias
     assert given.replace(num_kv_heads=None).num_kv_heads == 8  # None follows again
     assert given.replace(num_kv_heads=None, num_heads=4).num_kv_heads == 4
+
+
+def _copies(config: Config, **changes):
+    """``config`` with ``changes``, copied each way a user copies a frozen dataclass."""
+    import copy
+
+    ways = {
+        "Config.replace": config.replace(**changes),
+        "dataclasses.replace": dataclasses.replace(config, **changes),
+        "Config(**asdict(c))": Config(**(dataclasses.asdict(config) | changes)),
+        "copy.deepcopy then replace": copy.deepcopy(config).replace(**changes),
+    }
+    if hasattr(copy, "replace"):  # Python 3.13
+        ways["copy.replace"] = copy.replace(config, **changes)
+    return ways
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_standard_copy_of_a_preset_with_other_heads_or_switches_is_the_model_asked_for(name):
+    """A field left to follow follows through Python's own copies too, not only ``Config.replace``:
+    ``dataclasses.replace(Config.preset("base"), num_heads=16)`` has 16 key/value heads (the model
+    asked for), not 8 (a grouped-query model nobody asked for). Each copy equals the config built
+    from scratch with the preset's fields as given and the change, and stores the same fields."""
+    preset = Config.preset(name)
+    given = preset.to_dict()  # None where a field follows
+    heads = preset.num_heads * 2  # still divides d_model into even heads; a pinned num_kv_heads divides it
+    if preset.d_model % heads or (preset.positional == "rotary" and (preset.d_model // heads) % 2):
+        heads = preset.num_kv_heads
+    for changes in ({"num_heads": heads}, {"bias": not preset.bias}, {"norm_first": not preset.norm_first}):
+        want = Config(**(given | changes))
+        for way, copied in _copies(preset, **changes).items():
+            assert copied == want and copied.to_dict() == want.to_dict(), (way, changes)
+            for field, leader in FOLLOWS.items():
+                if given[field] is None:  # left to follow: the copy's value is its leader's
+                    assert getattr(copied, field) == getattr(copied, leader), (way, changes, field)
+                assert repr(getattr(copied, field)) == repr(getattr(want, field)), (way, field)
+    pinned = preset.replace(num_kv_heads=preset.num_kv_heads)  # given to replace: pinned, in every copy after
+    for way, copied in _copies(pinned, num_heads=heads).items():
+        assert copied.num_kv_heads == preset.num_kv_heads and copied.to_dict()["num_kv_heads"] is not None, way
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
