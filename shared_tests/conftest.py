@@ -290,6 +290,20 @@ def reference():
 
 
 @pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A command run in-process on a real model (``transformer_cli.threads.use_threads``: torch's
+    default, a thread per core, for a large model) sets torch's thread count for the whole process;
+    left so, every later torch test of that worker ran two threads on a core shared with the other
+    worker, waiting on each other (the float32 copy task: 66 s instead of 10). Put back after each test."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else int(os.environ.get("OMP_NUM_THREADS", "0"))
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
 def _record_backend(request):
     """Tell the tolerance table which backend the current test holds to the reference."""
     params = getattr(request.node, "callspec", None)
