@@ -126,15 +126,17 @@ def suite(session):
     persistent compilation cache and no worker waits at the end of one session while the other
     finishes: every backend against the reference, the oracles, the course (with the commands a user of
     the real models types, run in-process: shared_tests/oracles/test_oracle_bert.py's embed and compare,
-    shared_tests/cli/test_cli_generate.py's generate --backend all); then the main command."""
+    shared_tests/cli/test_cli_generate.py's generate --backend all, and the README's main command,
+    shared_tests/cli/test_cli.py's compare); then the NumPy backend's tests with the frameworks hidden,
+    and the course's build."""
     _install_everything(session)
     session.run("pytest", "shared_tests", *PARALLEL, "--dist=loadgroup", *_timing(session), *session.posargs)
     # each backend's session installs only its framework: every test that needs another skips, saying so
-    # (once per test function: a test that uses torch or JAX without saying so fails in its first case;
-    # the docs site's tests left out: building and measuring the site needs no framework)
-    session.run("pytest", "shared_tests", "--backend=numpy", "--one-case", f"--ignore={DOCS_SITE_TESTS}", *PARALLEL,
+    # (the quick run's tests: once per test function, so a test that uses torch or JAX without saying so
+    # fails in its first case; the slow set, held by the numpy session, and the docs site's tests left
+    # out: building and measuring the site needs no framework)
+    session.run("pytest", "shared_tests", "--backend=numpy", "--quick", f"--ignore={DOCS_SITE_TESTS}", *PARALLEL,
                 "-q", env={"SHARED_TESTS_HIDE": ",".join(NOT_IN_NUMPY_SESSION)})  # fmt: skip
-    session.run("transformer-ref", "compare")  # the README's main command
     session.run("python", "-m", "transformer_course.build", "--no-execute", "--force")  # the README's command
 
 
