@@ -34,6 +34,19 @@ def needs(*backends: str) -> None:
             pytest.skip(f"needs the {name} backend: {error.name} is not installed (the [{name}] extra)")
 
 
+# ------------------------------------------------------------------ what `transformer-ref compare` printed
+def assert_compare_rows_within_tolerance(out: str) -> None:
+    """``compare``'s table, as printed: a row for each installed backend and dtype, its error
+    relative to the reference's largest value (the fourth column) within that dtype's tolerance."""
+    from transformer_backends import available_backends
+
+    for name in available_backends():
+        for dtype in ("float64", "float32"):
+            row = next((line.split() for line in out.splitlines() if line.split()[:2] == [name, dtype]), None)
+            assert row is not None, f"no {name} {dtype} row in:\n{out}"
+            assert float(row[3]) <= tolerance(dtype), f"{name} {dtype}: {row[3]} relative to the reference"
+
+
 # ------------------------------------------------------------------ finite-difference helpers
 STEP = 1e-6  # float64 central differences: truncation ~STEP^2, rounding ~1e-16 |f| / STEP
 

@@ -5,21 +5,16 @@ from __future__ import annotations
 from transformer_cli.main import main
 from transformer_spec import Config, init_params, save_params
 
+from ..helpers import assert_compare_rows_within_tolerance
+
 
 def test_compare_prints_the_side_by_side_table(capsys):
     """The README's main command as typed (``transformer-ref compare``, its defaults: every
     installed backend, both dtypes): a row for each, within its tolerance of the reference."""
-    from transformer_backends import available_backends
-    from transformer_backends.tolerances import TOLERANCE
-
     assert main(["compare"]) == 0
     out = capsys.readouterr().out
     assert "held to the NumPy float64 reference" in out, out
-    for name in available_backends():
-        for dtype in ("float64", "float32"):
-            row = next((line.split() for line in out.splitlines() if line.split()[:2] == [name, dtype]), None)
-            assert row is not None, f"no {name} {dtype} row in:\n{out}"
-            assert float(row[3]) <= TOLERANCE[dtype], f"{name} {dtype}: {row[3]} relative to the reference"
+    assert_compare_rows_within_tolerance(out)
 
 
 def test_compile_is_a_note_where_a_backend_has_no_compiler(capsys):

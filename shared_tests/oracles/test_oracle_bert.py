@@ -18,6 +18,7 @@ from transformer_convert.hf_bert import load_hf_bert, minilm_directory, sentence
 from transformer_text.tokenizer import WordPieceTokenizer
 
 from ..cases import DTYPES
+from ..helpers import assert_compare_rows_within_tolerance
 from ..tolerances import assert_close
 
 ORACLE = "transformers.BertModel"
@@ -111,18 +112,12 @@ def test_the_embed_command_prints_sentence_transformers_similarities(backend, ca
 def test_the_compare_command_holds_the_real_minilm_to_the_reference_in_every_backend(capsys):
     """``transformer-ref compare --preset minilm`` as a user types it: a row per installed backend
     and dtype, each within its tolerance of the NumPy float64 reference (relative to max |ref|)."""
-    from transformer_backends import available_backends
-    from transformer_backends.tolerances import TOLERANCE
     from transformer_cli.main import main
 
     assert main(["compare", "--preset", "minilm", "--text", PAIRS[0][0], "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "all-MiniLM-L6-v2 (real weights)" in out and "[CLS] time flies like an arrow [SEP]" in out, out
-    for name in available_backends():
-        for dtype in ("float64", "float32"):
-            row = next((line.split() for line in out.splitlines() if line.split()[:2] == [name, dtype]), None)
-            assert row is not None, f"no {name} {dtype} row in:\n{out}"
-            assert float(row[3]) <= TOLERANCE[dtype], f"{name} {dtype}: {row[3]} relative to the reference"
+    assert_compare_rows_within_tolerance(out)
 
 
 def test_our_weights_export_back_to_the_hf_layout_exactly(minilm):
