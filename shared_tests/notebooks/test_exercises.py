@@ -87,6 +87,17 @@ def test_shape_dtype_exceptions_and_non_arrays_are_reported_not_raised():
     assert "NaN" not in str(check_exercise(exercise, lambda x: 2 * x))
 
 
+def test_a_mask_answered_as_0_and_1_floats_is_refused_naming_the_dtype():
+    """A boolean answer is compared by dtype as well as by value: a float 0/1 mask holds the right
+    values but is not a mask (``scores[~mask]`` would index, not select)."""
+    right = check_exercise(EXERCISES["padding_mask"], lambda ids, pad_id: (ids != pad_id)[:, None, None, :])
+    assert right.ok, right.message
+    result = check_exercise(
+        EXERCISES["padding_mask"], lambda ids, pad_id: (ids != pad_id)[:, None, None, :].astype(np.float64)
+    )
+    assert not result.ok and "expected dtype bool, got float64" in result.message, result.message
+
+
 def test_infinities_and_nans_count_as_equal_where_they_sit_in_the_same_places():
     exercise = Exercise(
         name="reciprocal",
