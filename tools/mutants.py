@@ -68,8 +68,8 @@ MUTATION_TESTS = [
 ]
 
 
-# The search, the tokenizer, the converters, the schedules and the exercises' checker: the files that exercise them
-# (a model mutant runs everything above; these run in seconds instead of minutes).
+# The search, the tokenizer, the converters, the schedules, the exercises' checker and JAX's stepper: the
+# files that exercise them (a model mutant runs everything above; these run in seconds instead of minutes).
 BY_PATH = {
     "transformer_run/decoding.py": [
         "decoding/test_decoding_search.py",
@@ -81,6 +81,8 @@ BY_PATH = {
     "transformer_text/tokenizer.py": ["inputs/test_inputs.py", "models/test_spec.py", "inputs/test_errors.py"],
     "transformer_run/schedules.py": ["training/test_training.py", "models/test_spec.py", "training/test_gradients.py"],
     "transformer_course/check.py": ["notebooks/test_exercises.py"],
+    "jax_impl/generate.py": ["models/test_jax_specifics.py", "decoding/test_decoding.py", "components/test_modern.py",
+                             "decoding/test_decoding_search.py", "inputs/test_errors.py"],
 }
 for _converter in ("hf_bert", "hf_llama", "hf_gpt2", "hf_marian", "rope", "gguf", "torch_transformer"):
     BY_PATH[f"transformer_convert/{_converter}.py"] = ["interop/test_converters.py", "components/test_modern.py",

@@ -43,6 +43,25 @@ def test_jit_compiled_forward_equals_eager_forward(kind, dtype):
         assert_close(np.asarray(jitted[name]), np.asarray(eager[name]), dtype, f"jit vs eager {name}")
 
 
+def test_the_cached_step_fills_its_buffer_to_the_last_slot_and_refuses_the_one_past_it():
+    """JAX's cache is a buffer of fixed size (the prompt and ``max_new`` steps, rounded up to
+    CACHE_BLOCK; NumPy and torch grow theirs); ``dynamic_update_slice`` would clamp a write past
+    its end onto the last slot, silently. The step at the last slot runs; the one past it is
+    refused, naming the remedy."""
+    from jax_impl.generate import CACHE_BLOCK, make_stepper
+
+    config = Config.preset("tiny-lm", max_len=CACHE_BLOCK + 8)  # room past the buffer in the table
+    model = jax_impl.build_model(config, init_params(config, seed=3))
+    prompt = np.array([[3, 4, 5]])
+    stepper = make_stepper(model)
+    state = stepper.start(prompt, max_new=2)  # a buffer of CACHE_BLOCK positions
+    last = CACHE_BLOCK - 1 - prompt.shape[1]  # the step whose token sits in the buffer's last slot
+    logits, state = stepper.step(state, np.array([6]), last)
+    assert np.isfinite(logits).all() and logits.shape == (1, config.tgt_vocab_size)
+    with pytest.raises(ValueError, match=f"position {CACHE_BLOCK} is past the cache's {CACHE_BLOCK} positions"):
+        stepper.step(state, np.array([7]), last + 1)
+
+
 def test_float64_without_x64_is_refused_not_silently_truncated():
     code = (
         "import jax; jax.config.update('jax_enable_x64', False)\n"
