@@ -152,3 +152,20 @@ def test_decoding_past_max_len_is_refused(backend, cached):
     with pytest.raises(ValueError, match="max_len is 8"):
         never = config.tgt_vocab_size  # an <eos> no model emits: decoding runs on to position 5 + 5 > 8
         backend.impl.greedy(model, sources(config), BOS, never, max_len=STEPS, cached=cached)
+
+
+@pytest.mark.parametrize("offset", [1, -1], ids=["a-skipped-position", "an-earlier-position"])
+def test_a_growing_cache_refuses_entries_for_any_position_but_the_next(backend, offset):
+    """NumPy's and torch's caches grow by concatenation: the new keys must be for the position right
+    after the cached ones; one skipped or one already held would shift every later position's key.
+    (JAX's cache is a buffer written at the position given; its stepper checks the bounds.)"""
+    if backend.name == "jax":
+        pytest.skip("JAX's cache is a fixed buffer written at any position (the stepper checks its bounds)")
+    cached = backend.asarray(np.zeros((1, 2, 3, 4)))  # (B, H_kv, positions 0..2, d_k)
+    new = backend.asarray(np.ones((1, 2, 1, 4)))
+    grown = backend.to_numpy(backend.impl.attention.append_to_cache(cached, new, 3, axis=2))
+    assert grown.shape == (1, 2, 4, 4) and (grown[:, :, 3] == 1).all()
+    with pytest.raises(
+        ValueError, match=f"the cache holds 3 positions, but the new entries are for position {3 + offset}"
+    ):
+        backend.impl.attention.append_to_cache(cached, new, 3 + offset, axis=2)
