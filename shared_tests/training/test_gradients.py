@@ -528,3 +528,25 @@ def test_the_loss_skips_the_configured_pad_id_not_token_0(backend, label_smoothi
     want = per_token[targets != 3].mean()  # 5 real targets, three of them token 0
     got = backend.call(backend.impl.cross_entropy, logits, targets, 3, label_smoothing)
     assert_close(got, want, "float64", "cross-entropy with pad_id 3")
+
+
+def test_a_shared_untied_table_gradient_is_the_sum_of_its_two_uses(backend, reference):
+    """One table for the source and the target embeddings and an output projection of its own
+    (``share_embeddings`` without ``tie_output``): the table's gradient equals the two copies'
+    gradients added up, in every backend, and equals NumPy's. (Every other shared-table test is
+    tied too, where the output's use could hide a missing source use.)"""
+    config = SHARED.replace(tie_output=False)
+    params = init_params(config, seed=11, dtype="float64", nonzero_biases=True)
+    copies = config.replace(share_embeddings=False)
+    copied = params | {"src_embed.token.weight": params["tgt_embed.token.weight"].copy()}
+    batch = training_batch(config)
+    loss, grads = backend.impl.loss_and_grads(backend.impl.build_model(config, params), batch, 0.1)
+    copies_loss, copies_grads = backend.impl.loss_and_grads(backend.impl.build_model(copies, copied), batch, 0.1)
+    assert list(grads) == list(param_schema(config))
+    two_uses = copies_grads["src_embed.token.weight"] + copies_grads["tgt_embed.token.weight"]
+    assert loss == pytest.approx(copies_loss, rel=1e-12)
+    shared = np.asarray(grads["tgt_embed.token.weight"])
+    assert np.abs(shared - two_uses).max() <= 1e-12 * np.abs(two_uses).max()
+    assert np.abs(copies_grads["src_embed.token.weight"]).max() > 0, "the source's use contributes"
+    want = reference.impl.loss_and_grads(reference.impl.build_model(config, params), batch, 0.1)
+    assert_loss_and_gradients_match((loss, grads), want, "shared, untied embeddings")
