@@ -68,8 +68,9 @@ MUTATION_TESTS = [
 ]
 
 
-# The search, the tokenizer, the converters, the schedules, the exercises' checker and JAX's stepper: the
-# files that exercise them (a model mutant runs everything above; these run in seconds instead of minutes).
+# The search, the tokenizer, the converters, the schedules, the exercises' checker, JAX's stepper and torch's
+# compiled() wrapper: the files that exercise them (a model mutant runs everything above; these run in
+# seconds instead of minutes).
 BY_PATH = {
     "transformer_run/decoding.py": [
         "decoding/test_decoding_search.py",
@@ -81,6 +82,7 @@ BY_PATH = {
     "transformer_text/tokenizer.py": ["inputs/test_inputs.py", "models/test_spec.py", "inputs/test_errors.py"],
     "transformer_run/schedules.py": ["training/test_training.py", "models/test_spec.py", "training/test_gradients.py"],
     "transformer_course/check.py": ["notebooks/test_exercises.py"],
+    "torch_impl/compiled.py": ["models/test_torch_compiled.py"],
     "jax_impl/generate.py": ["models/test_jax_specifics.py", "decoding/test_decoding.py", "components/test_modern.py",
                              "decoding/test_decoding_search.py", "inputs/test_errors.py"],
 }

@@ -15,7 +15,7 @@ from transformer_spec import Config, init_params
 from transformer_spec.trace import recording
 
 from .. import tolerances
-from ..cases import VARIANTS, model_inputs
+from ..cases import VARIANTS, flatten_output, model_inputs
 from ..tolerances import assert_close
 
 torch = pytest.importorskip("torch", reason="the [torch] extra is not installed")
@@ -35,15 +35,20 @@ def _only_when_torch_is_selected(request):
 @pytest.mark.parametrize("dtype", ["float64"])  # float32: the oracles session (compiling is slow)
 def test_compiled_forward_equals_eager_forward(dtype):
     """A padded encoder-decoder batch (masks, cross-attention, the fused kernels) through
-    ``compiled(model)`` and through the model: float64 to 1e-12 (float32 to 1e-5:
-    shared_tests/oracles/test_oracle_torch_eager.py)."""
+    ``compiled(model)`` and through the model, asking for the attention weights and not the hidden
+    states (``compiled`` passes each flag on by its name): every output, float64 to 1e-12 (float32
+    logits to 1e-5: shared_tests/oracles/test_oracle_torch_eager.py)."""
     config = VARIANTS["pre-gelu-learned"]
     model = torch_impl.build_model(config, init_params(config, seed=4, dtype=dtype, nonzero_biases=True))
     src, tgt = (torch.from_numpy(x) for x in model_inputs(config, (3, 11, 7, True)))
     with torch.no_grad():
-        compiled = torch_impl.compiled(model)(src, tgt).logits
-        eager = model(src, tgt).logits
-    assert_close(compiled.numpy(), eager.numpy(), dtype, "compiled vs eager logits")
+        compiled = torch_impl.compiled(model)(src, tgt, return_attentions=True)
+        eager = model(src, tgt, return_attentions=True)
+    assert compiled.hidden_states == () and len(compiled.attentions) == config.num_decoder_layers
+    compiled, eager = flatten_output(compiled), flatten_output(eager)
+    assert compiled.keys() == eager.keys()
+    for name in eager:
+        assert_close(np.asarray(compiled[name]), np.asarray(eager[name]), dtype, f"compiled vs eager {name}")
 
 
 @pytest.mark.parametrize(
