@@ -68,9 +68,9 @@ MUTATION_TESTS = [
 ]
 
 
-# The search, the tokenizer, the converters, the schedules, the exercises' checker, JAX's stepper and torch's
-# compiled() wrapper: the files that exercise them (a model mutant runs everything above; these run in
-# seconds instead of minutes).
+# The search, the tokenizer, the converters, the schedules, the exercises' checker, JAX's stepper, torch's
+# compiled() wrapper and the tiled attention: the files that exercise them (a model mutant runs everything
+# above; these run in seconds instead of minutes).
 BY_PATH = {
     "transformer_run/decoding.py": [
         "decoding/test_decoding_search.py",
@@ -83,6 +83,8 @@ BY_PATH = {
     "transformer_run/schedules.py": ["training/test_training.py", "models/test_spec.py", "training/test_gradients.py"],
     "transformer_course/check.py": ["notebooks/test_exercises.py"],
     "torch_impl/compiled.py": ["models/test_torch_compiled.py"],
+    **{f"{backend}_impl/tiled_attention.py": ["components/test_tiled_attention.py", "components/test_fast_paths.py"]
+       for backend in ("numpy", "jax", "torch")},
     "jax_impl/generate.py": ["models/test_jax_specifics.py", "decoding/test_decoding.py", "components/test_modern.py",
                              "decoding/test_decoding_search.py", "inputs/test_errors.py"],
 }

@@ -86,6 +86,7 @@ CASES = {  # name -> (mask, block size)
     "padding-blocks-of-5": ("padding", 5),
     "per-query-blocks-of-2": ("per-query", 2),
     "key-column-one-block": ("key-column", 64),  # more than T_k: one short block
+    "key-column-blocks-of-3": ("key-column", 3),  # a key mask of size 1 broadcast to every block, not sliced
 }
 
 
@@ -129,6 +130,9 @@ def test_a_query_with_no_allowed_key_gets_zero_output_and_zero_finite_gradients(
     got = (context, grad_q, grad_k, grad_v)
     for name, g, w in zip(("context", "grad_q", "grad_k", "grad_v"), got, want, strict=True):
         assert_close(g, w, "float64", f"tiled attention, empty rows: {name}")
+    _, logsumexp = backend.call(backend.impl.tiled_attention, q, k, v, mask, 4)  # (B, H, T_q, 1)
+    assert np.all(logsumexp[0, :, 2] == 0.0) and np.all(logsumexp[2] == 0.0), "an empty row's logsumexp is 0"
+    assert np.isfinite(logsumexp).all()
 
 
 @pytest.mark.parametrize(
