@@ -169,3 +169,26 @@ def test_a_growing_cache_refuses_entries_for_any_position_but_the_next(backend, 
         ValueError, match=f"the cache holds 3 positions, but the new entries are for position {3 + offset}"
     ):
         backend.impl.attention.append_to_cache(cached, new, 3 + offset, axis=2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_stopping_rule_gives_the_references_beams(backend, reference, kind):
+    """``early_stopping`` reaches the search in every backend: for each of Hugging Face's rules the
+    backend's hypotheses and scores are NumPy's, on a model whose rows end at different steps, where
+    the rules give different answers (a backend that dropped the option would give one answer)."""
+    config = as_kind(VARIANTS["pre-gelu-learned"], kind)
+    params = init_params(config, seed=5, dtype="float64", nonzero_biases=True)
+    weight = params["generator.proj.weight"].copy()  # (d_model, V)
+    weight[:, EOS] *= EOS_SCALE[kind]
+    params = params | {"generator.proj.weight": weight}
+    model, want_model = backend.impl.build_model(config, params), reference.impl.build_model(config, params)
+    vocab = config.src_vocab_size if kind == "encoder_decoder" else config.tgt_vocab_size
+    src = token_ids(vocab, 6, 5, pad=False, pad_id=config.pad_id, seed=2)
+    answers = set()
+    for early_stopping in (True, False, "never"):
+        got = backend.impl.beam(model, src, BOS, EOS, 8, BEAM, 2.0, early_stopping)
+        want = reference.impl.beam(want_model, src, BOS, EOS, 8, BEAM, 2.0, early_stopping)
+        assert got.ids.tolist() == want.ids.tolist(), early_stopping
+        np.testing.assert_allclose(got.scores, want.scores, rtol=SCORE_TOLERANCE, err_msg=str(early_stopping))
+        answers.add((str(want.ids.tolist()), tuple(np.round(want.scores, 9))))
+    assert len(answers) >= 2, "every rule gave the same beams: nothing tells them apart"
