@@ -108,19 +108,26 @@ def test_beam_search_with_one_beam_is_greedy_search(backend, kind):
 EOS_SCALE = {"encoder_decoder": 2.0, "decoder_only": 8.0}  # eos's output column, scaled: rows end at various steps
 
 
+def eos_swinging_model(kind: str):
+    """A model whose <eos> logit swings with the hidden state (its output column scaled), so that
+    rows end at different steps, or never, and six sources for it -> (config, params, src_ids)."""
+    config = as_kind(VARIANTS["pre-gelu-learned"], kind)
+    params = init_params(config, seed=5, dtype="float64", nonzero_biases=True)
+    weight = params["generator.proj.weight"].copy()  # (d_model, V)
+    weight[:, EOS] *= EOS_SCALE[kind]
+    vocab = config.src_vocab_size if kind == "encoder_decoder" else config.tgt_vocab_size
+    src = token_ids(vocab, 6, 5, pad=False, pad_id=config.pad_id, seed=2)
+    return config, params | {"generator.proj.weight": weight}, src
+
+
 @pytest.mark.parametrize("early_stopping", [True, False, "never"], ids=str)
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_row_gets_the_beam_it_would_get_decoded_alone(backend, kind, early_stopping):
     """For each of Hugging Face's stopping rules, a row's hypothesis and score do not depend on the
     other rows of its batch. The eos column of the output projection is scaled so that the eos
     logit swings with the hidden state: rows end at different steps, or never."""
-    config = as_kind(VARIANTS["pre-gelu-learned"], kind)
-    params = init_params(config, seed=5, dtype="float64", nonzero_biases=True)
-    weight = params["generator.proj.weight"].copy()  # (d_model, V)
-    weight[:, EOS] *= EOS_SCALE[kind]
-    model = backend.impl.build_model(config, params | {"generator.proj.weight": weight})
-    vocab = config.src_vocab_size if kind == "encoder_decoder" else config.tgt_vocab_size
-    src = token_ids(vocab, 6, 5, pad=False, pad_id=config.pad_id, seed=2)
+    config, params, src = eos_swinging_model(kind)
+    model = backend.impl.build_model(config, params)
     steps = 8
     batched = backend.impl.beam(model, src, BOS, EOS, steps, BEAM, 2.0, early_stopping)
     ends = {len(up_to_eos(row)) if EOS in row else None for row in batched.ids.tolist()}
@@ -176,14 +183,8 @@ def test_each_stopping_rule_gives_the_references_beams(backend, reference, kind)
     """``early_stopping`` reaches the search in every backend: for each of Hugging Face's rules the
     backend's hypotheses and scores are NumPy's, on a model whose rows end at different steps, where
     the rules give different answers (a backend that dropped the option would give one answer)."""
-    config = as_kind(VARIANTS["pre-gelu-learned"], kind)
-    params = init_params(config, seed=5, dtype="float64", nonzero_biases=True)
-    weight = params["generator.proj.weight"].copy()  # (d_model, V)
-    weight[:, EOS] *= EOS_SCALE[kind]
-    params = params | {"generator.proj.weight": weight}
+    config, params, src = eos_swinging_model(kind)
     model, want_model = backend.impl.build_model(config, params), reference.impl.build_model(config, params)
-    vocab = config.src_vocab_size if kind == "encoder_decoder" else config.tgt_vocab_size
-    src = token_ids(vocab, 6, 5, pad=False, pad_id=config.pad_id, seed=2)
     answers = set()
     for early_stopping in (True, False, "never"):
         got = backend.impl.beam(model, src, BOS, EOS, 8, BEAM, 2.0, early_stopping)
