@@ -255,8 +255,6 @@ def pytest_collection_modifyitems(config, items):
         file = item.path.resolve().relative_to(here).as_posix() if item.path.resolve().is_relative_to(here) else ""
         if getattr(item, "originalname", item.name) in SLOW.get(file, ()):
             item.add_marker(pytest.mark.slow)
-        if group_of(file):  # for xdist's own reading of the mark; the scheduler above does not rely on it
-            item.add_marker(pytest.mark.xdist_group(group_of(file)))
     quick = config.getoption("--quick")
     if quick or config.getoption("--one-case"):
         kept, seen = [], set()

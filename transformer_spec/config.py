@@ -80,8 +80,9 @@ class Config:
     grouped-query model with 8. To pin a followed value in such a copy, pass it as a plain
     ``int(...)`` or ``bool(...)``; ``replace`` pins whatever it is given. A followed switch
     equals its bool (compare with ``==`` or test it with ``if``), but is not the object
-    ``True`` or ``False`` (bool cannot be subclassed): ``is True`` is False for it. Two Configs are equal when they
-    build the same model: ``Config(num_heads=8) == Config(num_heads=8, num_kv_heads=8)``.
+    ``True`` or ``False`` (bool cannot be subclassed): ``is True`` is False for it. Two
+    Configs are equal when they build the same model:
+    ``Config(num_heads=8) == Config(num_heads=8, num_kv_heads=8)``.
     sinusoid_layout:
         the fixed sinusoids' columns: "interleaved" (the paper: sin, cos, sin, ...) or
         "halves" (all sines, then all cosines: Marian, fairseq).
@@ -324,10 +325,7 @@ class _Followed(int):
 
 
 class _FollowedInt(_Followed):
-    def __repr__(self) -> str:
-        return int.__repr__(self)
-
-    __str__ = __repr__
+    """An int's value: prints as the number (int's own repr)."""
 
 
 class _FollowedBool(_Followed):
