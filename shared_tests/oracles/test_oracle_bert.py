@@ -44,6 +44,13 @@ def hf_model():
     return torch, model
 
 
+@pytest.fixture(scope="module")
+def sentence_model():
+    """sentence-transformers' all-MiniLM-L6-v2, the embeddings' oracle, loaded once."""
+    sentence_transformers = pytest.importorskip("sentence_transformers", reason="needs the [oracles] extra")
+    return sentence_transformers.SentenceTransformer(minilm_directory(), device="cpu")
+
+
 def hf_outputs(hf_model, batch, dtype):
     torch, model = hf_model
     model = model.to(getattr(torch, dtype))
@@ -78,14 +85,12 @@ def test_minilm_matches_transformers_bert_model(backend, minilm, hf_model, dtype
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_sentence_embeddings_match_sentence_transformers(backend, minilm, dtype):
-    sentence_transformers = pytest.importorskip("sentence_transformers", reason="needs the [oracles] extra")
+def test_sentence_embeddings_match_sentence_transformers(backend, minilm, sentence_model, dtype):
     from .. import tolerances
 
     tolerances.current_backend["oracle"] = "sentence-transformers"
     params, config, tokenizer = minilm
-    reference = sentence_transformers.SentenceTransformer(minilm_directory(), device="cpu")
-    want = reference.encode(SENTENCES, convert_to_numpy=True)  # float32: the library's own dtype
+    want = sentence_model.encode(SENTENCES, convert_to_numpy=True)  # float32: the library's own dtype
     batch = tokenizer(SENTENCES)
     model = backend.impl.build_model(config, params, dtype=dtype)
     got = sentence_embedding(backend.call(model, batch["ids"]).last_hidden_state, batch["attention_mask"])
@@ -93,17 +98,15 @@ def test_sentence_embeddings_match_sentence_transformers(backend, minilm, dtype)
     assert_close(got, want, "float32", "sentence embedding vs sentence-transformers")  # the oracle is float32
 
 
-def test_the_embed_command_prints_sentence_transformers_similarities(backend, capsys):
+def test_the_embed_command_prints_sentence_transformers_similarities(backend, sentence_model, capsys):
     """``transformer-ref embed`` as a user types it, in each backend: the cosine similarity of the
     two sentences it prints is sentence-transformers' (to the 3 decimals it prints)."""
-    sentence_transformers = pytest.importorskip("sentence_transformers", reason="needs the [oracles] extra")
     from transformer_cli.main import main
 
     pair = list(PAIRS[0])
     assert main(["embed", *pair, "--backend", backend.name]) == 0
     out = capsys.readouterr().out
-    reference = sentence_transformers.SentenceTransformer(minilm_directory(), device="cpu")
-    a, b = reference.encode(pair, convert_to_numpy=True)
+    a, b = sentence_model.encode(pair, convert_to_numpy=True)
     want = f"{float(a @ b):.3f}"
     assert f"all-MiniLM-L6-v2 in {backend.name} (float32)" in out, out
     assert f"   1.000  {want}   {pair[0]!r}" in out and f"   {want}  1.000   {pair[1]!r}" in out, (want, out)
