@@ -98,6 +98,7 @@ check(causal_mask)
 # %% [markdown]
 # ### Exercise 1.2: the padding mask
 # `padding_mask(ids, pad_id)` → shape `(B, 1, 1, T)`, bool: True for every key that is not padding.
+# Padding is whatever `pad_id` says: the cases pad with 0 and with 1 (where 0 is a word).
 
 # %%
 def padding_mask(ids, pad_id):

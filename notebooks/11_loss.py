@@ -189,8 +189,8 @@ fig.tight_layout()
 # Write each function in NumPy and run `check` on it: it runs your function and every
 # backend's own code (`cross_entropy`) on the same inputs and says what differs, and which
 # classic mistake your answer matches when it matches one. The cases include a batch whose
-# logits are around 1000 and a batch of padding only. The solutions are in
-# `solutions/11_loss.py`.
+# logits are around 1000, a batch of padding only, and a batch padded with id 3 where id 0 is
+# an ordinary word (use the `pad_id` you are given). The solutions are in `solutions/11_loss.py`.
 #
 # ### Exercise 11.1: cross-entropy over the real tokens
 # `cross_entropy_loss(logits, targets, pad_id)` → a 0-d array: `logits` `(B, T, V)`, `targets`

@@ -221,7 +221,8 @@ check(warmup_schedule)
 # `adam_step(param, grad, m, v, t, lr, beta1, beta2, eps)` → `(param, m, v)` after update `t`
 # ($t = 1$ for the first), with `m` and `v` as they stand after update $t - 1$. `check` puts
 # each backend's own Adam (NumPy's, `torch.optim.Adam`, optax's `adam`) in that state and steps
-# it once. The cases include gradients of $10^{-7}$, where $\epsilon$ matters.
+# it once. The cases include gradients of $10^{-7}$, where $\epsilon$ matters, and betas and
+# $\epsilon$ other than the paper's (torch's and optax's defaults among them).
 
 # %%
 def adam_step(param, grad, m, v, t, lr, beta1, beta2, eps):

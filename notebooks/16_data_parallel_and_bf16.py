@@ -380,8 +380,10 @@ check(average_gradients)
 # `to_bfloat16(x)`: `x` a float32 array → the same shape, float32: each value rounded to the
 # nearest bfloat16, ties to the even one (the neighbour whose last kept bit is 0), as every
 # framework's cast does. Work on the bits: `x.view(np.uint32)` gives each float's 32 bits; a
-# bf16 keeps the top 16. The checker compares with ml_dtypes', torch's and JAX's casts,
-# exactly.
+# bf16 keeps the top 16. A NaN stays a NaN (its mantissa may be non-zero in the low half only:
+# rounded like a number, it can turn into an infinity or carry into the sign), and what rounds
+# past the largest bf16 becomes an infinity. The checker compares with ml_dtypes', torch's and
+# JAX's casts, exactly.
 
 # %%
 def to_bfloat16(x):

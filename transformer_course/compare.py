@@ -31,7 +31,8 @@ def each(f: Callable[[Backend], Any]) -> dict[str, Any]:
 def relative_difference(result: Any, reference: Any) -> float:
     """max |result - reference| / max |reference| over the finite elements (0 when both are all zeros);
     infinite where a NaN or an infinity of one is not the same in the other."""
-    result, reference = np.asarray(result, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # a signalling NaN (float32 0x7F800001) cast to float64: still a NaN
+        result, reference = np.asarray(result, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     if result.shape != reference.shape:
         raise ValueError(f"shapes differ: {result.shape} against the reference's {reference.shape}")
     finite = np.isfinite(result) & np.isfinite(reference)  # NaN and the infinities must sit in the same places

@@ -3,7 +3,10 @@ with a message naming that mistake; a wrong answer nobody listed gets the first 
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import inspect
+import re
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from transformer_course import Exercise, Mistake, check, check_exercise
 from transformer_course.build import NOTEBOOKS, chapters
 from transformer_course.exercises import EXERCISES, chapter
+from transformer_course.exercises.parts import Part
 
 SOLUTIONS = NOTEBOOKS / "solutions"
 
@@ -120,7 +124,9 @@ def test_a_wrong_number_is_reported_as_expected_and_got():
         cases=lambda: [("six numbers", {"x": np.arange(6.0)})],
         expected=lambda b, x: b.to_numpy(b.asarray(x["x"]).sum()),
     )
-    assert check_exercise(exercise, lambda x: x.sum() + 1).message.endswith("expected 15.0, got 16.0.")
+    assert check_exercise(exercise, lambda x: x.sum() + 1).message.endswith(
+        "expected 15.0, got 16.0 (1 more than expected, 6.67% of it)."
+    )
 
 
 def test_check_refuses_a_function_no_exercise_is_named_after():
@@ -183,3 +189,169 @@ def test_show_shared_reads_a_function_the_backends_share_from_its_file():
     assert snippet.path == "transformer_run/decoding.py" and snippet.text.startswith("def greedy_decode(")
     lines = (NOTEBOOKS.parent / snippet.path).read_text(encoding="utf-8").splitlines()
     assert "\n".join(lines[snippet.start - 1 : snippet.end]) + "\n" == snippet.text
+
+
+# ---------------------------------------------------------------- every exercise can tell a wrong answer
+def _signature(exercise: Exercise) -> list[str]:
+    """The arguments the task names: ``name(a, b, c) -> ...``."""
+    match = re.match(rf"{exercise.name}\(([^)]*)\)", exercise.task)
+    assert match, f"{exercise.name}'s task does not start with its signature: {exercise.task[:60]!r}"
+    return [argument.strip() for argument in match.group(1).split(",") if argument.strip()]
+
+
+def _key(value):
+    """A value made comparable: arrays by shape, dtype and bytes; containers item by item; else repr."""
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, value.dtype.str, value.tobytes())
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _key(v)) for k, v in sorted(value.items())))
+    if isinstance(value, list | tuple):
+        return ("sequence", tuple(_key(v) for v in value))
+    if isinstance(value, Part):
+        return ("part", value.class_name, _key(value.params))
+    return ("value", repr(value))
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_every_argument_the_task_names_takes_two_values_across_the_cases(name):
+    """An argument that holds one value in every case cannot catch an answer that writes that value
+    in (a pad id of 0, torch's default betas, a sub-layer called by name)."""
+    exercise = EXERCISES[name]
+    cases = exercise.cases()
+    arguments = _signature(exercise)
+    for description, inputs in cases:
+        assert list(inputs) == arguments, f"{description}: the case gives {list(inputs)}, the task {arguments}"
+    constant = [a for a in arguments if len({_key(inputs[a]) for _, inputs in cases}) < 2]
+    assert not constant, f"{name}: {constant} hold one value in all {len(cases)} cases"
+
+
+def _changed(value):
+    """The same value, wrong in one element (a bool flipped; a number moved by 1 and by 1% of itself)."""
+    array = np.array(value, copy=True)
+    flat = array.reshape(-1)
+    if array.dtype == bool:
+        flat[-1] = not flat[-1]
+    else:
+        flat[-1] = flat[-1] + 1 + abs(flat[-1]) / 100 if np.isfinite(flat[-1]) else 0
+    return array
+
+
+def _outputs_of(exercise: Exercise, solution):
+    """The solution's answer on the first case, and the number of outputs it is made of (a tuple's length)."""
+    _, inputs = exercise.cases()[0]
+    value = solution(**copy.deepcopy(inputs))
+    return value, (len(value) if isinstance(value, tuple) else 1)
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_every_output_the_task_asks_for_is_compared(name):
+    """Each output of the answer, one element changed, is refused: each array of a tuple (Adam's param,
+    m and v); and an argument the task writes into, left as it came (a cache step computed on copies)."""
+    exercise = EXERCISES[name]
+    solution = getattr(_solutions(exercise.chapter), name)
+    _, count = _outputs_of(exercise, solution)
+    for which in range(count):
+
+        def one_output_wrong(*args, which=which, **kwargs):
+            value = solution(*args, **kwargs)
+            if count == 1:
+                return _changed(value)
+            return tuple(_changed(v) if i == which else v for i, v in enumerate(value))
+
+        result = check_exercise(exercise, one_output_wrong)
+        assert not result.ok, f"{name}: output {which} of {count} changed, yet {result}"
+    words = re.findall(r"\bwrite\b[^.:;]*\binto\b|\bin place\b", exercise.task)  # "write ... into slot"
+    assert bool(words) == bool(exercise.writes), f"{name}: the task says {words}, the checker compares {exercise.writes}"
+    for argument in exercise.writes:
+
+        def on_a_copy(argument=argument, **kwargs):
+            kwargs[argument] = np.array(kwargs[argument], copy=True)  # the caller's buffer is never written
+            return solution(**kwargs)
+
+        result = check_exercise(exercise, on_a_copy)
+        assert not result.ok and f"write into {argument}" in result.message, result.message
+
+
+def _parts_in(value):
+    if isinstance(value, Part):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _parts_in(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _parts_in(item)
+
+
+def test_every_part_handed_to_a_learner_is_called_as_its_real_module_is():
+    """The sub-layers, norms and layers an exercise hands over accept what the real module accepts,
+    keyword arguments included: an attention called (y, y, y, mask=mask) gives what (y, y, y, mask) gives."""
+    kinds = set()
+    for exercise in EXERCISES.values():
+        for _, inputs in exercise.cases():
+            for part in _parts_in(inputs):
+                kinds.add(part.class_name)
+                accepted = inspect.signature(type(part.module).__call__).parameters
+                given = inspect.signature(part.__call__).parameters
+                assert any(p.kind is p.VAR_KEYWORD for p in given.values()), part
+                assert set(accepted) - {"self"}, part  # the real module's arguments, passed through by name
+    assert {"MultiHeadAttention", "LayerNorm", "EncoderLayer", "PositionwiseFeedForward"} <= kinds, kinds
+    exercise = EXERCISES["encoder_layer"]
+    _, inputs = exercise.cases()[0]
+    attention, x, mask = inputs["parts"]["self_attn"], inputs["x"], inputs["mask"]
+    np.testing.assert_array_equal(attention(x, x, x, mask=mask), attention(x, x, x, mask))
+    np.testing.assert_array_equal(attention(query=x, key=x, value=x, mask=mask), attention(x, x, x, mask))
+
+
+def test_an_encoder_layer_that_passes_the_mask_by_keyword_is_right():
+    def encoder_layer(x, mask, parts, norm_first):
+        def attend(y):
+            return parts["self_attn"](y, y, y, mask=mask)  # as the real MultiHeadAttention is called
+
+        if norm_first:
+            x = x + attend(parts["self_attn_norm"](x))
+            return x + parts["ffn"](parts["ffn_norm"](x))
+        x = parts["self_attn_norm"](x + attend(x))
+        return parts["ffn_norm"](x + parts["ffn"](x))
+
+    result = check(encoder_layer)
+    assert result.ok, result.message
+
+
+def test_an_error_inside_numpy_is_reported_at_the_learners_own_line():
+    """The innermost frame of an error raised by np.stack is in NumPy; the learner's cell has no such
+    line: the message gives the line of the learner's code that called it, with its text."""
+
+    def causal_mask(seq_len):
+        rows = [np.arange(seq_len) <= i for i in range(seq_len)]
+        return np.stack(rows[:-1] + [rows[-1][:-1]])[None, None]  # the last row one short
+
+    result = check(causal_mask)
+    line = inspect.getsourcelines(causal_mask)[1] + 2
+    assert not result.ok and "raised ValueError" in result.message, result.message
+    assert f"(line {line} of your code: return np.stack(rows[:-1] + [rows[-1][:-1]])[None, None]" in result.message
+    assert ", inside " in result.message and "numpy" not in result.message.split("(line")[1], result.message
+
+
+def test_a_wrong_count_names_the_parts_it_left_out_and_a_wrong_loss_says_by_how_much():
+    from transformer_course.exercises.ch10_models import _count
+
+    no_final_norm = check(lambda config: _count(config, no_final_norm=True), "count_parameters")
+    assert "72 less than expected: exactly the final norms (72), left out" in no_final_norm.message, no_final_norm
+    no_bias = check(lambda config: _count(config, no_bias=True), "count_parameters")
+    assert "exactly the self-attention biases (576) + the feed-forward biases (292)" in no_bias.message, no_bias
+
+    def cross_entropy_loss(logits, targets, pad_id):
+        return _solutions("11_loss").cross_entropy_loss(logits, targets, pad_id) * 1.1
+
+    result = check(cross_entropy_loss)
+    assert re.search(r"expected 5\.35\d+, got 5\.88\d+ \(0\.535\d+ more than expected, 10\.00% of it\)", result.message)
+
+
+def test_a_cache_step_that_never_writes_its_buffers_is_refused_naming_the_buffer():
+    from transformer_course.exercises.ch14_decoding import _on_copies
+
+    result = check(_on_copies, "kv_cache_step")
+    assert not result.ok and result.mistake == "the buffers never written", result
+    assert "returned the right answer, but the task also asks it to write into k_cache" in result.message
+    assert "the first differing element is [0, 0, 3, 0]" in result.message  # slot `position` of case 1

@@ -13,6 +13,16 @@ def _ids() -> np.ndarray:
     return np.array([[5, 7, 9, PAD, PAD], [3, 4, 8, 6, 2], [PAD, PAD, 1, 2, 3]])  # right, none, left padding
 
 
+def _cases():
+    """Pad id 0 (BERT's, the paper's here), then another: id 1 pads (RoBERTa's, Marian's have their own)
+    and id 0 is an ordinary token, so an answer that wrote 0 instead of pad_id hides the wrong keys."""
+    other = np.array([[0, 4, 0, 1], [2, 0, 1, 1]])  # right padding with 1; 0 a token like any other
+    return [
+        ("right, no and left padding", {"ids": _ids(), "pad_id": PAD}),
+        ("pad id 1, where 0 is an ordinary token", {"ids": other, "pad_id": 1}),
+    ]
+
+
 EXERCISES = [
     Exercise(
         name="causal_mask",
@@ -45,7 +55,7 @@ EXERCISES = [
         chapter="01_masks",
         task="padding_mask(ids, pad_id) -> (B, 1, 1, T) bool: every query may attend to every key "
         "that is not padding.",
-        cases=lambda: [("right, no and left padding", {"ids": _ids(), "pad_id": PAD})],
+        cases=_cases,
         expected=lambda b, x: b.call(b.impl.make_padding_mask, x["ids"], x["pad_id"]),
         mistakes=(
             Mistake(
@@ -61,6 +71,12 @@ EXERCISES = [
                 lambda ids, pad_id: (ids != pad_id)[:, None, :, None],
             ),
             Mistake(
+                "the pad id written as 0",
+                "compare with the pad_id you are given: 0 pads BERT's batches, but other vocabularies pad with "
+                "another id and use 0 for a real token (ids != pad_id, not ids != 0).",
+                lambda ids, pad_id: (ids != 0)[:, None, None, :],
+            ),
+            Mistake(
                 "no head and query axes",
                 "the scores are (B, H, T_q, T_k): give the mask shape (B, 1, 1, T) so it broadcasts.",
                 lambda ids, pad_id: ids != pad_id,
@@ -71,14 +87,15 @@ EXERCISES = [
         name="decoder_mask",
         chapter="01_masks",
         task="decoder_mask(ids, pad_id) -> (B, 1, T, T) bool: causal AND the key is not padding.",
-        cases=lambda: [("right, no and left padding", {"ids": _ids(), "pad_id": PAD})],
+        cases=_cases,
         expected=lambda b, x: b.call(b.impl.make_decoder_mask, x["ids"], x["pad_id"]),
         mistakes=(
             Mistake(
                 "OR instead of AND",
                 "a key is visible only when both masks allow it: combine them with &, not |.",
-                lambda ids, pad_id: (ids != pad_id)[:, None, None, :]
-                | np.tril(np.ones((ids.shape[1],) * 2, dtype=bool))[None, None],
+                lambda ids, pad_id: (
+                    (ids != pad_id)[:, None, None, :] | np.tril(np.ones((ids.shape[1],) * 2, dtype=bool))[None, None]
+                ),
             ),
             Mistake(
                 "padding forgotten",
@@ -87,6 +104,12 @@ EXERCISES = [
                 lambda ids, pad_id: np.broadcast_to(
                     np.tril(np.ones((ids.shape[1],) * 2, dtype=bool)), (ids.shape[0], 1, ids.shape[1], ids.shape[1])
                 ),
+            ),
+            Mistake(
+                "the pad id written as 0",
+                "compare with the pad_id you are given: 0 pads BERT's batches, but other vocabularies pad with "
+                "another id and use 0 for a real token (ids != pad_id, not ids != 0).",
+                lambda ids, pad_id: (ids != 0)[:, None, None, :] & np.tril(np.ones((ids.shape[1],) * 2, dtype=bool)),
             ),
         ),
     ),

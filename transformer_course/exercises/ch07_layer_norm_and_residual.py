@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from transformer_backends.adapters import get_backend
 from transformer_spec import Config, init_params
 
 from ..check import Exercise, Mistake
+from .parts import Part
 
 
 def _config(d_model: int, eps: float = 1e-5) -> Config:
@@ -70,40 +68,24 @@ def _rms_norm_expected(b, x):
 
 
 # ------------------------------------------------------------------ residual_connection
-class _Part:
-    """A sub-layer or a norm for the learner to call on NumPy arrays (NumPy's own module), that each
-    backend's expected answer rebuilds as its own module from the same weights."""
-
-    def __init__(self, class_name: str, config: Config, params: dict[str, np.ndarray]):
-        self.class_name, self.config, self.params = class_name, config, params
-        self._numpy = get_backend("numpy").build(class_name, config, params, "float64")
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self._numpy(x)
-
-    def build(self, b) -> Any:
-        return b.build(self.class_name, self.config, self.params, "float64")
-
-    def __repr__(self) -> str:
-        return f"{self.class_name}(d_model={self.config.d_model})"
-
-
 def _residual_cases():
     rng = np.random.default_rng(12)
     config = _config(8).replace(d_ff=11)
 
-    def part(class_name: str, component: str, seed: int) -> _Part:
-        return _Part(class_name, config, init_params(config, seed, "float64", component, nonzero_biases=True))
+    def part(class_name: str, component: str, seed: int, config: Config = config) -> Part:
+        return Part(class_name, config, init_params(config, seed, "float64", component, nonzero_biases=True))
 
     feed_forward = part("PositionwiseFeedForward", "feed_forward", 1)
+    llama = config.replace(gated_ffn=True, activation="silu", bias=False)
+    swiglu = part("GatedFeedForward", "gated_feed_forward", 4, llama)  # Llama's sub-layer: another function
     layer_norm, rms_norm = part("LayerNorm", "layer_norm", 2), part("RMSNorm", "rms_norm", 3)
     x = 3.0 * rng.standard_normal((2, 5, 8))
     return [
         ("post-norm (the paper), LayerNorm", {"x": x, "sublayer": feed_forward, "norm": layer_norm,
                                               "norm_first": False}),  # fmt: skip
         ("pre-norm (GPT-2), LayerNorm", {"x": x, "sublayer": feed_forward, "norm": layer_norm, "norm_first": True}),
-        ("pre-norm with RMSNorm (Llama), one position", {"x": 3.0 * rng.standard_normal((1, 1, 8)),
-         "sublayer": feed_forward, "norm": rms_norm, "norm_first": True}),  # fmt: skip
+        ("pre-norm with RMSNorm around SwiGLU (Llama), one position", {"x": 3.0 * rng.standard_normal((1, 1, 8)),
+         "sublayer": swiglu, "norm": rms_norm, "norm_first": True}),  # fmt: skip
     ]
 
 

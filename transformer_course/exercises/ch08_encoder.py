@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from transformer_backends.adapters import get_backend
 from transformer_spec import Config, init_params
 
 from ..check import Exercise, Mistake
+from .parts import Part, weights_under
 
 PAD = 0
 
@@ -18,29 +16,6 @@ def _config(norm_first: bool, num_layers: int = 2) -> Config:
     # odd sizes: B = 2, T = 5, H = 3, d_k = 4, d_model = 12, d_ff = 10; no two alike
     return Config.preset("tiny").replace(d_model=12, num_heads=3, d_ff=10, norm_first=norm_first,
                                          num_encoder_layers=num_layers)  # fmt: skip
-
-
-def weights_under(params: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    """The weights under ``prefix.``, named as the part itself names them."""
-    return {name[len(prefix) + 1 :]: value for name, value in params.items() if name.startswith(prefix + ".")}
-
-
-class Part:
-    """A sub-layer, a norm or a layer for the learner to call on NumPy arrays (NumPy's own module, built
-    from the given weights); an attention or a layer gives its output only, not its weights. Each
-    backend's expected answer rebuilds the whole from the same weights (``params``). Chapter 9's
-    exercises use it too."""
-
-    def __init__(self, class_name: str, config: Config, params: dict[str, np.ndarray]):
-        self.class_name, self.config, self.params = class_name, config, params
-        self._module = get_backend("numpy").build(class_name, config, params, "float64")
-
-    def __call__(self, *args: Any) -> np.ndarray:
-        output = self._module(*args)
-        return output[0] if isinstance(output, tuple) else output  # (output, attention weights)
-
-    def __repr__(self) -> str:
-        return f"{self.class_name}(d_model={self.config.d_model})"
 
 
 def _mask(ids: np.ndarray) -> np.ndarray:
@@ -123,8 +98,9 @@ def _layer_with(**mistake):
 def _encoder_stack_cases():
     rng = np.random.default_rng(81)
     ids = np.array([[5, 7, 9, 4, PAD], [PAD, PAD, 3, 8, 6]])
+    other = np.array([[2, 6, PAD, PAD, PAD], [4, 4, 1, 9, 3], [7, PAD, PAD, PAD, PAD]])  # heavier padding, B = 3
 
-    def case(norm_first, num_layers, seed):
+    def case(norm_first, num_layers, seed, ids=ids):
         config = _config(norm_first, num_layers)
         # the weights of a pre-norm stack: its layers' and its final norm's
         params = init_params(config.replace(norm_first=True), seed=seed, dtype="float64", component="encoder",
@@ -136,7 +112,7 @@ def _encoder_stack_cases():
 
     return [
         ("post-norm (the paper), 2 layers", case(False, 2, 4)),
-        ("pre-norm, 3 layers", case(True, 3, 5)),
+        ("pre-norm, 3 layers, 3 sequences padded differently", case(True, 3, 5, other)),
         ("pre-norm, 1 layer", case(True, 1, 6)),
     ]
 

@@ -8,7 +8,7 @@ import numpy as np
 from transformer_spec import Config, init_params
 
 from ..check import Exercise, Mistake
-from .ch08_encoder import Part, weights_under
+from .parts import Part, weights_under
 
 PAD = 0
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from transformer_spec import Config
+from transformer_spec import Config, param_schema
 
 from ..check import Exercise, Mistake
 
@@ -39,6 +39,34 @@ def _count_parameters_cases():
 
 def _count_parameters_expected(b, x):
     return np.asarray(framework_count(b, b.impl.build_model(x["config"])))
+
+
+def _role(name: str) -> str:
+    """Which kind of weight a canonical name is, in words: the parts a parameter count is made of."""
+    kind = "biases" if name.endswith(".bias") else "weights"
+    if ".token." in name:
+        return {"src_embed": "the source token table", "tgt_embed": "the target token table"}.get(
+            name.split(".")[0], "the token table"
+        )
+    if ".position." in name:
+        return "the learned position tables"
+    if name.startswith("generator."):
+        return f"the output projection's {'bias' if kind == 'biases' else 'weight'}"
+    if ".layers." not in name:
+        return "the final norms"
+    sub = name.split(".")[3]  # encoder.layers.0.<sub>.<...>
+    if sub.endswith("_norm"):
+        return f"the layers' norms' {'biases' if kind == 'biases' else 'gains'}"
+    what = {"self_attn": "self-attention", "cross_attn": "cross-attention", "ffn": "feed-forward"}.get(sub, sub)
+    return f"the {what} {kind}"
+
+
+def _count_parts(x) -> dict[str, float]:
+    """The expected count, by kind of weight (from the weight schema), for a wrong count to be traced to."""
+    parts: dict[str, float] = {}
+    for name, shape in param_schema(x["config"]).items():
+        parts[_role(name)] = parts.get(_role(name), 0) + math.prod(shape)
+    return parts
 
 
 def _count(config, *, tied_twice=False, no_bias=False, sinusoids=False, no_final_norm=False, cross_in_lm=False):
@@ -99,6 +127,7 @@ EXERCISES = [
         "types, no pooler).",
         cases=_count_parameters_cases,
         expected=_count_parameters_expected,
+        parts=_count_parts,
         mistakes=(
             Mistake(
                 "the tied output counted twice",

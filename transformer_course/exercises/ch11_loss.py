@@ -18,9 +18,14 @@ def _targets(rng: np.random.Generator, batch: int, length: int, vocab: int, real
 
 
 def _cases(label_smoothing: float | None):
-    """Ordinary, overflowing and all-padding batches; with ``label_smoothing`` None, no such argument."""
+    """Ordinary, overflowing and all-padding batches, and one padded with another id (0 a real target,
+    a stronger smoothing); with ``label_smoothing`` None, no such argument."""
     rng = np.random.default_rng(11)
     smoothing = {} if label_smoothing is None else {"label_smoothing": label_smoothing}
+    other_pad = 3
+    other = np.array([[0, 5, 0, 2, other_pad], [1, 0, other_pad, other_pad, other_pad]])  # 0: a word here
+    another = {"logits": 2.0 * rng.standard_normal((2, 5, 6)), "targets": other, "pad_id": other_pad,
+               **({} if label_smoothing is None else {"label_smoothing": 0.25})}  # fmt: skip
     ordinary = {"logits": 3.0 * rng.standard_normal((3, 7, 11)),
                 "targets": _targets(rng, 3, 7, 11, [7, 5, 2]), "pad_id": PAD, **smoothing}  # fmt: skip
     large = {"logits": 1000.0 + 30.0 * rng.standard_normal((2, 4, 9)),  # exp(1000) overflows float64
@@ -31,6 +36,7 @@ def _cases(label_smoothing: float | None):
         ("(3, 7, 11): 3 sequences with 7, 5 and 2 real targets, the rest padding", ordinary),
         ("large logits, around 1000 (exp overflows float64)", large),
         ("a batch of padding only: no target counts", padding),
+        ("pad id 3, where 0 is an ordinary target" + ("" if label_smoothing is None else ", eps = 0.25"), another),
     ]
 
 
@@ -45,7 +51,9 @@ def _naive_log_softmax(logits: np.ndarray) -> np.ndarray:
         return np.log(exp / exp.sum(axis=-1, keepdims=True))  # inf / inf = NaN
 
 
-def _per_token(log_probs: np.ndarray, targets: np.ndarray, eps: float, spread: str = "all") -> np.ndarray:
+def _per_token(
+    log_probs: np.ndarray, targets: np.ndarray, eps: float, spread: str = "all", pad_id: int = PAD
+) -> np.ndarray:
     """(B, T) cross-entropy against the smoothed target: eps over all V classes, or over the V - 1 others
     ("others"), or over the V - 2 classes that are neither the target nor padding ("others_not_pad")."""
     vocab = log_probs.shape[-1]
@@ -56,7 +64,7 @@ def _per_token(log_probs: np.ndarray, targets: np.ndarray, eps: float, spread: s
     elif spread == "others":
         smooth = (total - nll) / (vocab - 1)
     else:
-        smooth = (total - nll + log_probs[..., PAD]) / (vocab - 2)
+        smooth = (total - nll + log_probs[..., pad_id]) / (vocab - 2)
     return (1.0 - eps) * nll + eps * smooth
 
 
@@ -80,6 +88,10 @@ def _ce_sum(logits, targets, pad_id):
     return np.asarray(np.where(targets != pad_id, per_token, 0.0).sum())
 
 
+def _ce_pad_zero(logits, targets, pad_id):
+    return _mean_over_real(_per_token(_log_softmax(logits), targets, 0.0), targets, 0)  # 0, not pad_id
+
+
 # ------------------------------------------------------------------ label_smoothed_loss
 def _ls_padding_counted(logits, targets, pad_id, label_smoothing):
     return np.asarray(_per_token(_log_softmax(logits), targets, label_smoothing).mean())
@@ -91,8 +103,12 @@ def _ls_others(logits, targets, pad_id, label_smoothing):
 
 
 def _ls_others_not_pad(logits, targets, pad_id, label_smoothing):
-    per_token = _per_token(_log_softmax(logits), targets, label_smoothing, spread="others_not_pad")
+    per_token = _per_token(_log_softmax(logits), targets, label_smoothing, spread="others_not_pad", pad_id=pad_id)
     return _mean_over_real(per_token, targets, pad_id)
+
+
+def _ls_pad_zero(logits, targets, pad_id, label_smoothing):
+    return _mean_over_real(_per_token(_log_softmax(logits), targets, label_smoothing), targets, 0)  # 0, not pad_id
 
 
 def _ls_naive(logits, targets, pad_id, label_smoothing):
@@ -131,6 +147,12 @@ EXERCISES = [
                 "(and so the step size) with the batch.",
                 _ce_sum,
             ),
+            Mistake(
+                "the pad id written as 0",
+                "Leave out the positions whose target is the pad_id you are given (targets != pad_id): 0 pads "
+                "BERT's batches, but other vocabularies pad with another id and 0 is a word to predict.",
+                _ce_pad_zero,
+            ),
         ),
     ),
     Exercise(
@@ -142,8 +164,9 @@ EXERCISES = [
         "with log p the log-softmax of the logits (B, T, V) computed without overflow; the mean over the "
         "non-pad targets (0 when there are none).",
         cases=lambda: _cases(0.1),
-        expected=lambda b, x: b.call(b.impl.cross_entropy, x["logits"], x["targets"], x["pad_id"],
-                                     x["label_smoothing"]),  # fmt: skip
+        expected=lambda b, x: b.call(
+            b.impl.cross_entropy, x["logits"], x["targets"], x["pad_id"], x["label_smoothing"]
+        ),  # fmt: skip
         mistakes=(
             Mistake(
                 "padding counted in the mean",
@@ -173,6 +196,12 @@ EXERCISES = [
                 "(inf / inf = NaN). Compute it directly from the logits shifted by their row max m: log p = "
                 "(z - m) - log(sum(exp(z - m))), where every exponent is <= 0.",
                 _ls_naive,
+            ),
+            Mistake(
+                "the pad id written as 0",
+                "Leave out the positions whose target is the pad_id you are given (targets != pad_id): 0 pads "
+                "BERT's batches, but other vocabularies pad with another id and 0 is a word to predict.",
+                _ls_pad_zero,
             ),
         ),
     ),

@@ -42,23 +42,26 @@ def _formula(steps, d_model, warmup_steps, exponent_on_step=False, larger=False)
 def _adam_cases():
     rng = np.random.default_rng(30)
 
-    def moments(scale: float, t: int) -> tuple[np.ndarray, np.ndarray]:
+    def moments(scale: float, t: int, beta1: float, beta2: float) -> tuple[np.ndarray, np.ndarray]:
         """The moments after t updates with gradients of about ``scale``, from zero, as Adam keeps them."""
         m, v = np.zeros(6), np.zeros(6)
         for _ in range(t):
             g = scale * rng.standard_normal(6)
-            m, v = 0.9 * m + 0.1 * g, 0.98 * v + 0.02 * g * g
+            m, v = beta1 * m + (1 - beta1) * g, beta2 * v + (1 - beta2) * g * g
         return m, v
 
-    def case(scale: float, t: int, lr: float) -> dict:
-        m, v = moments(scale, t - 1)
+    def case(scale: float, t: int, lr: float, beta1: float = 0.9, beta2: float = 0.98, eps: float = 1e-9) -> dict:
+        m, v = moments(scale, t - 1, beta1, beta2)  # the paper's betas and eps unless given
         return {"param": rng.standard_normal(6), "grad": scale * rng.standard_normal(6), "m": m, "v": v, "t": t,
-                "lr": lr, "beta1": 0.9, "beta2": 0.98, "eps": 1e-9}  # fmt: skip
+                "lr": lr, "beta1": beta1, "beta2": beta2, "eps": eps}  # fmt: skip
 
     return [
         ("the first update (t = 1, m = v = 0)", case(1.0, 1, 1e-3)),
         ("update t = 5, with the moments of four earlier updates", case(0.5, 5, 3e-3)),
         ("gradients of about 1e-7, where eps = 1e-9 matters, t = 3", case(1e-7, 3, 1e-2)),
+        ("torch's and optax's defaults: betas (0.9, 0.999), eps = 1e-8; gradients of about 1e-6, t = 4",
+         case(1e-6, 4, 1e-3, 0.9, 0.999, 1e-8)),
+        ("betas (0.8, 0.95), eps = 1e-6, t = 2", case(0.3, 2, 5e-3, 0.8, 0.95, 1e-6)),
     ]
 
 

@@ -41,18 +41,23 @@ def _cache_step_cases():
 
 def _cache_step_expected(b, x):
     """Each backend's own cache: NumPy and torch grow it by concatenation (it holds ``position``
-    entries), JAX writes into a buffer of every slot and hides the slots after the query."""
-    position = x["position"]
+    entries), JAX writes into a buffer of every slot and hides the slots after the query. The answer:
+    the context, and what the two buffers hold after the step (the task writes into them)."""
+    position, slots = x["position"], x["k_cache"].shape[2]
     KeyValueCache = b.impl.attention.KeyValueCache  # noqa: N806 - the backend's class
     if b.name == "jax":  # a fixed-size buffer: the slots after ``position`` are masked out
         cache = KeyValueCache(b.asarray(x["k_cache"]), b.asarray(x["v_cache"]))
-        mask = b.asarray((np.arange(x["k_cache"].shape[2]) <= position)[None, None, None, :])  # (1, 1, 1, slots)
+        mask = b.asarray((np.arange(slots) <= position)[None, None, None, :])  # (1, 1, 1, slots)
     else:  # a growing array: only the filled part, nothing to hide
         cache = KeyValueCache(b.asarray(x["k_cache"][:, :, :position]), b.asarray(x["v_cache"][:, :, :position]))
         mask = None
     k, v = cache.update(b.asarray(x["k_new"]), b.asarray(x["v_new"]), position)  # (B, H, T_cache, d_k) each
     context, _ = b.impl.scaled_dot_product_attention(b.asarray(x["q"]), k, v, mask)  # (B, H, 1, d_k)
-    return b.to_numpy(context)
+    buffers = {}
+    for name, filled in (("k_cache", k), ("v_cache", v)):
+        filled = b.to_numpy(filled)  # a growing cache's entries so far; JAX's, the whole buffer
+        buffers[name] = np.concatenate([filled, x[name][:, :, filled.shape[2] :]], axis=2)  # (B, H, slots, d_k)
+    return b.to_numpy(context), buffers
 
 
 def _attend(q, k, v):
@@ -66,6 +71,12 @@ def _every_slot(q, k_new, v_new, k_cache, v_cache, position):
 
 def _before_appending(q, k_new, v_new, k_cache, v_cache, position):
     return _attend(q, k_cache[:, :, :position], v_cache[:, :, :position])  # the new token's own key missing
+
+
+def _on_copies(q, k_new, v_new, k_cache, v_cache, position):
+    keys = np.concatenate([k_cache[:, :, :position], k_new], axis=2)  # new arrays: the buffers never change
+    values = np.concatenate([v_cache[:, :, :position], v_new], axis=2)
+    return _attend(q, keys, values)
 
 
 # ------------------------------------------------------------------ top_k_filter
@@ -129,6 +140,7 @@ EXERCISES = [
         "over slots 0 .. position.",
         cases=_cache_step_cases,
         expected=_cache_step_expected,
+        writes=("k_cache", "v_cache"),  # the next step reads what this one wrote: the buffers are compared too
         mistakes=(
             Mistake(
                 "attending over the unfilled slots",
@@ -142,6 +154,13 @@ EXERCISES = [
                 "the new token may attend to itself: write its key and value into slot `position` first, then "
                 "attend over slots 0 .. position (position + 1 of them), as the causal mask's diagonal allows.",
                 _before_appending,
+            ),
+            Mistake(
+                "the buffers never written",
+                "the context is right, but it was computed from new arrays (np.concatenate) and the cache's "
+                "buffers still hold zeros in slot `position`: the next step would attend over a missing key. "
+                "Assign into the buffers in place: k_cache[:, :, position : position + 1] = k_new.",
+                _on_copies,
             ),
         ),
     ),

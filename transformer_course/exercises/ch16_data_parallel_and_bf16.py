@@ -88,18 +88,25 @@ def _bf16_cases():
          _from_bits(0x3FFFFFFF), _from_bits(0x3F7FFFFF), _from_bits(0x3F808001), _from_bits(0xBF807FFF)],
         np.float32,
     )  # fmt: skip
+    special = _from_bits(np.array(
+        [0x7FC00000, 0x7FFFFFFF, 0x7F800001, 0xFFC00001, 0xFF80FFFF,  # NaNs: quiet, all ones, tiny payloads, signed
+         0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F7FFF],  # +-inf; the largest floats, which round to +-inf
+        np.uint32,
+    ))  # fmt: skip
     return [
         ("normal values from 1e-3 to 1e3, (4, 6)", {"x": ordinary}),
         ("exact ties: the low 16 bits are 0x8000, after even and after odd last bits, (2, 8)", {"x": ties}),
         ("1e-30 to 3e38, subnormals, signed zeros, a carry into the next power of two, just above and below a "
          "tie", {"x": edges}),
+        ("NaNs (whatever their payload, in the low bits too), the infinities, the largest floats", {"x": special}),
     ]  # fmt: skip
 
 
 def _bf16_expected(b, x):
     """The framework's own cast to bfloat16 and back: ml_dtypes' (the NumPy backend's bf16), torch's, JAX's."""
     if b.name == "numpy":
-        return x["x"].astype(b.impl.mixed_precision.BF16).astype(np.float32)
+        with np.errstate(invalid="ignore"):  # a signalling NaN's cast raises the invalid flag; it stays a NaN
+            return x["x"].astype(b.impl.mixed_precision.BF16).astype(np.float32)
     if b.name == "torch":
         return b.to_numpy(b.asarray(x["x"]).to(b.torch.bfloat16).float())
     return b.to_numpy(b.asarray(x["x"]).astype(b.jnp.bfloat16).astype(b.jnp.float32))
@@ -111,6 +118,11 @@ def _truncated(x):
 
 def _half_up(x):
     return _from_bits((_bits(x) + np.uint32(0x8000)) & np.uint32(0xFFFF0000))
+
+
+def _nan_rounded(x):
+    bits = _bits(x)
+    return _from_bits((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
 
 
 EXERCISES = [
@@ -149,8 +161,9 @@ EXERCISES = [
         name="to_bfloat16",
         chapter="16_data_parallel_and_bf16",
         task="to_bfloat16(x) -> x's shape, float32: each float32 value rounded to the nearest bfloat16 (the top 16 "
-        "bits of a float32: sign, 8 exponent bits, 7 mantissa bits), ties to the even one, returned as float32. "
-        "Work on the bits: x.view(np.uint32).",
+        "bits of a float32: sign, 8 exponent bits, 7 mantissa bits), ties to the even one, returned as float32; "
+        "a NaN stays a NaN, and what rounds past the largest bfloat16 becomes an infinity. Work on the bits: "
+        "x.view(np.uint32).",
         cases=_bf16_cases,
         expected=_bf16_expected,
         tolerance=0.0,  # a rounding is exact or wrong
@@ -168,6 +181,14 @@ EXERCISES = [
                 "precision but a range of only 6e-8 .. 65504. bfloat16 keeps float32's 8 exponent bits (its whole "
                 "range) and 7 mantissa bits: the top half of a float32.",
                 lambda x: np.asarray(x).astype(np.float16).astype(np.float32),
+            ),
+            Mistake(
+                "a NaN rounded like a number",
+                "a NaN is all ones in the exponent and anything but zero in the mantissa; rounding its bits like a "
+                "number's carries a payload in the low half into the exponent and sign (0x7FFFFFFF becomes -0.0) or "
+                "cuts it off (0x7F800001 becomes +inf). Every framework's cast keeps a NaN a NaN: for those, keep the "
+                "top 16 bits with the quiet bit set, (bits & 0xFFFF0000) | 0x00400000.",
+                _nan_rounded,
             ),
             Mistake(
                 "ties rounded up, not to even",
