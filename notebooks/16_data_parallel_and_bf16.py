@@ -365,8 +365,8 @@ fig.tight_layout()
 # `average_gradients(grads, counts)`: `grads` `(N, P)`, row $r$ the gradient replica $r$
 # computed of its own loss (the mean over its `counts[r]` non-pad targets); `counts` `(N,)`.
 # → `(P,)`: the gradient of the global batch's loss. The checker compares it with every
-# backend's one-device gradient of the whole batch (the 4 cases: uneven replicas, a replica of
-# padding only, one row per replica, a single replica).
+# backend's one-device gradient of the whole batch (the 5 cases: uneven replicas, a replica of
+# padding only, one row per replica, a single replica, a batch of padding only).
 
 # %%
 def average_gradients(grads, counts):

@@ -116,6 +116,8 @@ def _top_p_cases():
         ("p = 0.5 below the most probable token alone (first row): it stays, alone",
          {"logits": dominant, "top_p": 0.5}),  # fmt: skip
         ("p = 1: nothing is filtered", {"logits": rng.standard_normal((1, 5)), "top_p": 1.0}),
+        ("p = 0.5 reached exactly by the most probable token (0.5, 0.25, 0.25): it stays, alone",
+         {"logits": np.log(np.array([[0.5, 0.25, 0.25]])), "top_p": 0.5}),  # fmt: skip
     ]
 
 

@@ -47,6 +47,7 @@ def _average_cases():
         ("2 replicas, the second all padding: 20 and 0 targets", [20, 0]),
         ("8 replicas, one row each: 8, 8, 7, 5, 3, 2, 2, 1 targets", [8, 8, 7, 5, 3, 2, 2, 1]),
         ("one replica: nothing to average", [29]),
+        ("2 replicas, both all padding: no target anywhere, the gradient is 0", [0, 0]),
     ]:
         batch = _batch(counts)
         grads = [_flat(numpy_impl.loss_and_grads(model, shard(CONFIG, batch, rank, len(counts)))[1])
