@@ -258,6 +258,13 @@ MUTANTS: list[Mutant] = [
     M("spec-temperature-multiplies", "transformer_run/decoding.py",
       "scaled = logits.astype(np.float64) / temperature", "scaled = logits.astype(np.float64) * temperature",
       "temperature multiplies the logits"),
+    # ---- weights files ------------------------------------------------------------------------
+    M("spec-added-later-misses-share-embeddings", "transformer_spec/config.py",
+      '"sinusoid_layout", "final_logits_bias", "share_embeddings"}', '"sinusoid_layout", "final_logits_bias"}',
+      "a weights file written while Config had no share_embeddings is refused as missing it"),
+    M("spec-added-later-misses-gated-ffn", "transformer_spec/config.py",
+      '{"norm", "gated_ffn", "num_kv_heads",', '{"norm", "num_kv_heads",',
+      "a weights file written before the modern decoder's fields is refused as missing gated_ffn"),
     # ---- tokenizers, converters, schedules ----------------------------------------------------
     M("spec-truncate-pair-rounds-up", "transformer_text/tokenizer.py",
       "keep_second = min(len(second), room // 2)", "keep_second = min(len(second), (room + 1) // 2)",
@@ -278,6 +285,11 @@ MUTANTS: list[Mutant] = [
     M("spec-gpt2-qkv-order", "transformer_convert/hf_gpt2.py",
       'for j, name in enumerate(("w_q", "w_k", "w_v")):', 'for j, name in enumerate(("w_k", "w_q", "w_v")):',
       "GPT-2 converter reads c_attn as [k | q | v]"),
+    M("spec-marian-export-checks-the-configs-sharing", "transformer_convert/hf_marian.py",
+      "if shared_embeddings and not np.array_equal(source, target):",
+      "if config.share_embeddings and not np.array_equal(source, target):",
+      "Marian export to a shared checkpoint: two different tables of ours are not refused (the config's flag checked "
+      "instead of the checkpoint's); model.shared silently takes the target's"),
     M("spec-warmup-schedule-exponent", "transformer_run/schedules.py",
       "min(step**-0.5, step * warmup_steps**-1.5)", "min(step**-0.5, step * warmup_steps**-0.5)",
       "the paper's warm-up with warmup^-0.5 instead of warmup^-1.5"),

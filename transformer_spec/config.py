@@ -293,10 +293,12 @@ def _refuse_renamed(init: Any) -> Any:
 
 Config.__init__ = _refuse_renamed(Config.__init__)  # type: ignore[method-assign]
 
-# Fields added after weights files were first written (the modern decoder's switches): a file
-# without them predates them, and their defaults are exactly the model it was written from.
+# Fields added after weights files were first written (the pooler, dropout, the modern decoder's
+# switches): a file without them predates them, and their defaults are exactly the model it was
+# written from.
 ADDED_LATER = frozenset(
-    {"norm", "gated_ffn", "num_kv_heads", "rope_theta", "rope_layout", "attention_bias", "ffn_bias",
+    {"pooler", "dropout",  # absent from the first files: no pooler, no dropout, as the defaults say
+     "norm", "gated_ffn", "num_kv_heads", "rope_theta", "rope_layout", "attention_bias", "ffn_bias",
      "sinusoid_layout", "final_logits_bias", "share_embeddings"}
 )  # fmt: skip
 

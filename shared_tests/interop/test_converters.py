@@ -202,6 +202,58 @@ def test_marian_shared_table_is_one_parameter_and_two_separate_tables_load_into_
     assert np.array_equal(two["src_embed.token.weight"], drifted[encoder])
 
 
+SOURCE, TARGET = "src_embed.token.weight", "tgt_embed.token.weight"
+ENCODER, DECODER = "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"
+
+
+@pytest.mark.parametrize("checkpoint_shares", [True, False], ids=["checkpoint-shared", "checkpoint-two-tables"])
+@pytest.mark.parametrize("config_shares", [True, False], ids=["config-one-table", "config-two-tables"])
+def test_marian_export_refuses_two_different_tables_only_into_a_shared_checkpoint(config_shares, checkpoint_shares):
+    """Two flags say two things: the config's share_embeddings, whether our weights hold one token
+    table or two; shared_embeddings, whether the checkpoint does (model.shared, or an encoder and a
+    decoder table). An export writes the checkpoint's keys, its encoder table our source table and its
+    decoder table our target table, and reads back to our weights; two tables of ours that differ are
+    refused only where they would become one, in a shared checkpoint. Kills
+    spec-marian-export-checks-the-configs-sharing."""
+    config = CONVERTERS["MarianMTModel"].config.replace(share_embeddings=config_shares)
+    params = init_params(config, seed=1, nonzero_biases=True)
+    if not config_shares:
+        assert not np.array_equal(params[SOURCE], params[TARGET])
+    source = params[TARGET if config_shares else SOURCE]
+    if checkpoint_shares and not config_shares:
+        with pytest.raises(WeightsError, match=f"{SOURCE} differs from {TARGET}, but a Marian model with shared"):
+            params_to_marian(params, config, shared_embeddings=checkpoint_shares)
+        params[SOURCE] = source = params[TARGET].copy()  # equal copies export
+    state = params_to_marian(params, config, shared_embeddings=checkpoint_shares)
+    assert ("model.shared.weight" in state) == checkpoint_shares
+    assert np.array_equal(state[ENCODER], source) and np.array_equal(state[DECODER], params[TARGET])
+    back = params_from_marian(state, config, shared_embeddings=checkpoint_shares)
+    assert sorted(back) == sorted(params) and all(np.array_equal(back[k], params[k]) for k in params)
+
+
+@pytest.mark.parametrize("checkpoint_shares", [True, False], ids=["checkpoint-shared", "checkpoint-two-tables"])
+@pytest.mark.parametrize("config_shares", [True, False], ids=["config-one-table", "config-two-tables"])
+def test_marian_import_refuses_two_different_tables_only_into_a_config_with_one(config_shares, checkpoint_shares):
+    """The other way: a checkpoint's encoder table becomes our source table and its decoder table
+    our target table; a checkpoint with two tables that differ is refused only where they would
+    become one, in a config with share_embeddings."""
+    exporting = CONVERTERS["MarianMTModel"].config.replace(share_embeddings=False)
+    params = init_params(exporting, seed=1, nonzero_biases=True)
+    if checkpoint_shares:
+        params[SOURCE] = params[TARGET]
+    state = params_to_marian(params, exporting, shared_embeddings=checkpoint_shares)
+    assert np.array_equal(state[ENCODER], state[DECODER]) == checkpoint_shares
+    config = exporting.replace(share_embeddings=config_shares)
+    if config_shares and not checkpoint_shares:
+        with pytest.raises(WeightsError, match=f"{ENCODER} differs from {DECODER}, but the config shares one table"):
+            params_from_marian(state, config, shared_embeddings=checkpoint_shares)
+        return
+    back = params_from_marian(state, config, shared_embeddings=checkpoint_shares)
+    assert np.array_equal(back[TARGET], state[DECODER])
+    assert np.array_equal(back[TARGET if config_shares else SOURCE], state[ENCODER])
+    assert (SOURCE in back) != config_shares
+
+
 def test_bert_refuses_heads_of_other_models_and_a_pooler_the_config_lacks():
     converter, params, state = exported("BertModel")
     head = {"cls.predictions.bias": np.zeros(53, np.float32)}

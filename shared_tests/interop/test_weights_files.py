@@ -4,6 +4,7 @@ for; the same weights give the same bytes in any process; a save replaces the fi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -295,8 +296,6 @@ def test_a_file_storing_null_for_the_fields_that_follow_loads_to_the_model_it_wa
     """Files store null where a field follows another one (num_kv_heads follows num_heads, the
     biases follow bias, the final norms follow norm_first), as every file written so far does: such
     a file loads to the same model, each field resolved, and its config saves back to the same text."""
-    import dataclasses
-
     from transformer_spec.config import FOLLOWS
 
     stored = {f.name: None if f.name in FOLLOWS else getattr(LM, f.name) for f in dataclasses.fields(Config)}
@@ -310,25 +309,74 @@ def test_a_file_storing_null_for_the_fields_that_follow_loads_to_the_model_it_wa
     assert config.replace(num_heads=4, d_model=36).num_kv_heads == 4  # still follows num_heads
 
 
-def test_a_file_written_before_the_modern_decoders_fields_still_loads(tmp_path):
-    """Files of earlier versions lack the modern decoder's fields (ADDED_LATER); their defaults are the model
-    those files hold, so such a file loads. Any other missing field is refused."""
-    from safetensors import safe_open
+# The weights files of each earlier version, oldest first, and the Config fields they lack: every version
+# has written every field its Config had (``to_json``) under the one format string, so a file of a version
+# lacks exactly the fields added since. Written out from the history of transformer_spec/config.py
+# (``git log -p -S <field> -- transformer_spec/config.py``), not computed from ADDED_LATER, which it checks.
+# ``loads``: whether such a file loads today (the first two versions' files are refused since a stored
+# config must hold every field, ADDED_LATER excepted, and ADDED_LATER names neither pooler nor dropout);
+# ``model``: a model such a file held, made of the parts that version had.
+@dataclasses.dataclass(frozen=True)
+class EarlierVersion:
+    commit: str  # the commit whose Config the version's files store
+    lacks: frozenset[str]
+    model: Config
 
+
+MODERN_DECODER_FIELDS = frozenset({"norm", "gated_ffn", "num_kv_heads", "rope_theta", "rope_layout", "attention_bias",
+                                   "ffn_bias", "sinusoid_layout", "final_logits_bias", "share_embeddings"})  # fmt: skip
+PAPER_PARTS = Config.preset("tiny").replace(norm_first=True, activation="gelu", positional="learned", tie_output=True,
+                                            src_vocab_size=47)  # fmt: skip
+MODERN_PARTS = PAPER_PARTS.replace(positional="rotary", norm="rms_norm", gated_ffn=True, activation="silu",
+                                   num_kv_heads=1, rope_theta=500.0, rope_layout="interleaved", attention_bias=False,
+                                   sinusoid_layout="halves", final_logits_bias=True)  # fmt: skip
+EARLIER_VERSIONS = {
+    "first": EarlierVersion("18df653", MODERN_DECODER_FIELDS | {"pooler", "dropout"}, PAPER_PARTS),
+    "with-pooler": EarlierVersion("c5c20f7", MODERN_DECODER_FIELDS | {"dropout"}, PAPER_PARTS),
+    "with-dropout": EarlierVersion("bc1741c", MODERN_DECODER_FIELDS, PAPER_PARTS),
+    "with-the-modern-decoder": EarlierVersion("51aa1b3", frozenset(), MODERN_PARTS.replace(share_embeddings=True)),
+    "without-share-embeddings": EarlierVersion("6977f45", frozenset({"share_embeddings"}), MODERN_PARTS),
+}  # fmt: skip
+
+
+def earlier_file(tmp_path, version: EarlierVersion) -> str:
+    """A weights file of ``version``: its model's weights and config, the fields it lacks left out."""
+    stored = {k: v for k, v in version.model.to_dict().items() if k not in version.lacks}
+    metadata = {"format": FORMAT, "config": json.dumps(stored)}
+    return write_raw(tmp_path / "earlier.safetensors", init_params(version.model, seed=0), metadata)
+
+
+def test_added_later_names_exactly_the_fields_that_the_earlier_files_lack():
+    """ADDED_LATER, the fields a stored config may lack, is every field that the files of an earlier
+    version lack, and no other: a field left out of it refuses that version's files (as
+    share_embeddings would the files written while Config was without it, between the modern decoder's
+    fields and its return). Kills spec-added-later-misses-share-embeddings and spec-added-later-misses-gated-ffn."""
     from transformer_spec.config import ADDED_LATER
 
-    config = Config.preset("tiny-lm")
-    path = tmp_path / "new.safetensors"
-    save_params(str(path), init_params(config, seed=0), config)
-    with safe_open(str(path), "np") as f:
-        metadata = f.metadata()
-    old = {k: v for k, v in json.loads(metadata["config"]).items() if k not in ADDED_LATER}
-    without_norm_first = {k: v for k, v in old.items() if k != "norm_first"}
-    for name, fields in (("old", old), ("broken", without_norm_first)):
-        target = tmp_path / f"{name}.safetensors"
-        save_file(load_file(str(path)), str(target), metadata=metadata | {"config": json.dumps(fields)})
-        if name == "old":
-            assert load_params(str(target))[1] == config
-        else:
-            with pytest.raises(WeightsFileError, match="norm_first"):
-                load_params(str(target))
+    fields = {f.name for f in dataclasses.fields(Config)}
+    assert all(version.lacks <= fields for version in EARLIER_VERSIONS.values())
+    assert ADDED_LATER == frozenset().union(*(v.lacks for v in EARLIER_VERSIONS.values()))
+
+
+@pytest.mark.parametrize("name", list(EARLIER_VERSIONS))
+def test_a_file_of_an_earlier_version_loads_as_the_model_it_was_written_from(tmp_path, name):
+    """A file of an earlier version lacks the fields added since; their defaults are the model it
+    holds (the parts did not exist yet), so it loads as that model, weights and config. Kills
+    spec-added-later-misses-share-embeddings and spec-added-later-misses-gated-ffn."""
+    version = EARLIER_VERSIONS[name]
+    defaults = Config().to_dict()
+    assert all(version.model.to_dict()[field] == defaults[field] for field in version.lacks)
+    params, config = load_params(earlier_file(tmp_path, version))
+    assert config == version.model
+    expected = init_params(version.model, seed=0)
+    assert sorted(params) == sorted(expected) and all(np.array_equal(params[k], expected[k]) for k in expected)
+
+
+def test_a_file_lacking_a_field_every_version_wrote_is_refused_naming_it(tmp_path):
+    """A field no earlier version lacked (d_model, pad_id) is never filled in by a default: a file
+    without it is refused, naming it."""
+    version = EarlierVersion("HEAD", frozenset({"d_model", "pad_id"}), PAPER_PARTS)
+    with pytest.raises(WeightsFileError, match="Config fields missing") as error:
+        load_params(earlier_file(tmp_path, version))
+    named = re.search(r"missing: \[(.*?)\]", str(error.value)).group(1)
+    assert sorted(named.replace("'", "").split(", ")) == ["d_model", "pad_id"]
