@@ -350,7 +350,7 @@ def test_added_later_names_exactly_the_fields_that_the_earlier_files_lack():
     """ADDED_LATER, the fields a stored config may lack, is every field that the files of an earlier
     version lack, and no other: a field left out of it refuses that version's files (as
     share_embeddings would the files written while Config was without it, between the modern decoder's
-    fields and its return). Kills spec-added-later-misses-share-embeddings and spec-added-later-misses-gated-ffn."""
+    fields and its return). Kills spec-added-later-misses-share-embeddings, -gated-ffn and -dropout."""
     from transformer_spec.config import ADDED_LATER
 
     fields = {f.name for f in dataclasses.fields(Config)}
@@ -362,7 +362,7 @@ def test_added_later_names_exactly_the_fields_that_the_earlier_files_lack():
 def test_a_file_of_an_earlier_version_loads_as_the_model_it_was_written_from(tmp_path, name):
     """A file of an earlier version lacks the fields added since; their defaults are the model it
     holds (the parts did not exist yet), so it loads as that model, weights and config. Kills
-    spec-added-later-misses-share-embeddings and spec-added-later-misses-gated-ffn."""
+    spec-added-later-misses-share-embeddings, -gated-ffn and -dropout."""
     version = EARLIER_VERSIONS[name]
     defaults = Config().to_dict()
     assert all(version.model.to_dict()[field] == defaults[field] for field in version.lacks)
