@@ -35,6 +35,18 @@ def needs(*backends: str) -> None:
 
 
 # ------------------------------------------------------------------ what `transformer-ref compare` printed
+def solutions(stem: str):
+    """The course's shipped answers to chapter ``stem`` (``notebooks/solutions/<stem>.py``), as a module."""
+    import importlib.util
+
+    from transformer_course.build import NOTEBOOKS
+
+    spec = importlib.util.spec_from_file_location(f"solutions_{stem}", NOTEBOOKS / "solutions" / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def assert_compare_rows_within_tolerance(out: str) -> None:
     """``compare``'s table, as printed: a row for each installed backend and dtype, its error
     relative to the reference's largest value (the fourth column) within that dtype's tolerance."""

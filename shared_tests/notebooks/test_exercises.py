@@ -4,7 +4,6 @@ with a message naming that mistake; a wrong answer nobody listed gets the first 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import inspect
 import re
 
@@ -16,15 +15,9 @@ from transformer_course.build import NOTEBOOKS, chapters
 from transformer_course.exercises import EXERCISES, chapter
 from transformer_course.exercises.parts import Part
 
+from ..helpers import solutions
+
 SOLUTIONS = NOTEBOOKS / "solutions"
-
-
-def _solutions(stem: str):
-    path = SOLUTIONS / f"{stem}.py"
-    spec = importlib.util.spec_from_file_location(f"solutions_{stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_chapter_has_a_notebook_and_a_solutions_file_and_every_solution_an_exercise():
@@ -32,7 +25,7 @@ def test_every_chapter_has_a_notebook_and_a_solutions_file_and_every_solution_an
     assert {e.chapter for e in EXERCISES.values()} <= set(stems)
     for stem in {e.chapter for e in EXERCISES.values()}:
         names = {e.name for e in chapter(stem)}
-        module = _solutions(stem)
+        module = solutions(stem)
         written = {n for n in vars(module) if callable(getattr(module, n)) and not n.startswith("_")}
         assert names <= written, f"solutions/{stem}.py lacks {sorted(names - written)}"
         source = (NOTEBOOKS / f"{stem}.py").read_text()
@@ -43,7 +36,7 @@ def test_every_chapter_has_a_notebook_and_a_solutions_file_and_every_solution_an
 @pytest.mark.parametrize("name", sorted(EXERCISES))
 def test_the_solution_passes(name):
     exercise = EXERCISES[name]
-    result = check(getattr(_solutions(exercise.chapter), name))
+    result = check(getattr(solutions(exercise.chapter), name))
     assert result.ok, str(result)
 
 
@@ -248,7 +241,7 @@ def test_every_output_the_task_asks_for_is_compared(name):
     """Each output of the answer, one element changed, is refused: each array of a tuple (Adam's param,
     m and v); and an argument the task writes into, left as it came (a cache step computed on copies)."""
     exercise = EXERCISES[name]
-    solution = getattr(_solutions(exercise.chapter), name)
+    solution = getattr(solutions(exercise.chapter), name)
     _, count = _outputs_of(exercise, solution)
     for which in range(count):
 
@@ -342,7 +335,7 @@ def test_a_wrong_count_names_the_parts_it_left_out_and_a_wrong_loss_says_by_how_
     assert "exactly the self-attention biases (576) + the feed-forward biases (292)" in no_bias.message, no_bias
 
     def cross_entropy_loss(logits, targets, pad_id):
-        return _solutions("11_loss").cross_entropy_loss(logits, targets, pad_id) * 1.1
+        return solutions("11_loss").cross_entropy_loss(logits, targets, pad_id) * 1.1
 
     result = check(cross_entropy_loss)
     assert re.search(r"expected 5\.35\d+, got 5\.88\d+ \(0\.535\d+ more than expected, 10\.00% of it\)", result.message)

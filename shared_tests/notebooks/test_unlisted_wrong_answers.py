@@ -24,7 +24,7 @@ from scipy.special import erf
 from transformer_course import check_exercise
 from transformer_course.exercises import EXERCISES
 
-from .test_exercises import _solutions
+from ..helpers import solutions
 
 WRONG_ANSWERS: list[tuple[str, object]] = []  # (exercise, wrong answer): refused, and by no mistake's name
 NOW_LISTED: list[tuple[str, object]] = []  # refused by the name of a mistake the exercise has come to list
@@ -887,5 +887,5 @@ def test_the_wrong_answers_cover_every_chapter_and_most_exercises():
 @pytest.mark.parametrize("name, wrong_answer", ALL, ids=_ids(ALL))
 def test_a_wrong_answer_takes_the_exercises_arguments(name, wrong_answer):
     """Each wrong answer has the signature of the shipped solution: it fails by its bug, not by its arguments."""
-    solution = getattr(_solutions(EXERCISES[name].chapter), name)
+    solution = getattr(solutions(EXERCISES[name].chapter), name)
     assert list(inspect.signature(wrong_answer).parameters) == list(inspect.signature(solution).parameters)
