@@ -96,6 +96,8 @@ def course_pages(root: pathlib.Path) -> dict[str, str]:
         "cell runs, the three run on the same weights and compared, and exercises whose checker runs your "
         "function against every backend's own code and names the classic mistake an answer makes. Open them "
         "with <code>jupyter lab notebooks/</code> after <code>python -m transformer_course.build "
-        "--no-execute</code>.</p>\n" + "\n".join(sections)
+        "--no-execute</code>; <code>python -m transformer_course.build</code> builds and runs every chapter, "
+        "<code>python -m transformer_course.build 04_attention</code> one (any part of its file name picks "
+        "it).</p>\n" + "\n".join(sections)
     )
     return bodies

@@ -36,7 +36,14 @@
 # from its file as this cell runs:
 
 # %%
+import os
 import time
+
+# NumPy's matrix products on one thread, as torch's (below): for models this small a second
+# thread gains little, and on a busy machine each product waits for a processor to run it on,
+# which is most of what the timings at the end of this chapter would measure. NumPy's BLAS
+# library reads this once, when NumPy is first imported (a fresh kernel has not imported it).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -130,6 +137,18 @@ agreement({b: logits for b, (_, logits) in totals.items()})
 # better. The table is the logits of that forward pass in the three backends: equal to
 # float64's last bits, which is why every search above picked the same tokens in all three.
 #
+# Neither is a good translation, though. In the corpus's pretend-French *you hates fish* is
+# *tu deteste poisson*, three words the model knows; greedy's *tu mange viande* is the
+# translation of *you eat meat*, a training sentence, and beam's *tu aime poisson* says *you
+# like fish*. The model is tiny ($d_{\text{model}} = 36$) and was trained on six sentence
+# pairs: it learned to give those six translations back, not which word translates which.
+# *hates* was in one sentence only, *he hates meat*, and *deteste* only ever followed *il*;
+# so for a sentence it never saw it puts together pieces of the ones it did (*she like
+# meat* fails the same way: *like* was only ever in *i like fish*, and every search says
+# *je aime viande*, "I like meat"). A better search finds what the model prefers, and beam
+# search did: its answer is more probable *to this model*, not more correct. Only a better
+# model (more data, more training) makes the most probable answer a good one.
+#
 # ## Sampling: temperature, top-k, top-p
 #
 # Sampling turns the logits into a distribution first; `filter_logits` is that part
@@ -158,7 +177,12 @@ settings = {
 fig, axes = plt.subplots(1, len(settings), figsize=(13, 2.8), sharey=True)
 for axis, (title, kwargs) in zip(axes, settings.items(), strict=True):
     probs = decoding.filter_logits(first_logits, **kwargs)[0]  # (V,)
-    axis.bar(range(len(probs)), probs, color=["C1" if p > 0 else "C7" for p in probs])
+    axis.bar(range(len(probs)), probs, color="C1")
+    # a filtered token's bar has height 0 and draws nothing: a cross on the axis shows it is there
+    filtered = np.flatnonzero(probs == 0)  # softmax alone never gives exactly 0; the filters do
+    if len(filtered):
+        axis.plot(filtered, np.zeros(len(filtered)), "x", color="C3", clip_on=False, label="filtered out (p = 0)")
+        axis.legend(loc="upper left", fontsize=8, handlelength=1)
     axis.set_xticks(range(len(probs)), tgt_vocab.itos, rotation=90, fontsize=8)
     axis.set_title(title, fontsize=10)
 axes[0].set_ylabel("probability of the first word")
@@ -166,8 +190,10 @@ fig.tight_layout()
 
 # %% [markdown]
 # The temperature reshapes the whole distribution; top-k and top-p cut its tail to exactly 0
-# and renormalise what is left, so a token the model thinks unlikely can never be drawn. Ten
-# draws (ten seeds) in each backend:
+# (the red crosses: those tokens are filtered out) and renormalise what is left, so a token
+# the model thinks unlikely can never be drawn. Without a filter no token is at 0: the bars
+# too short to see in the first three panels are small probabilities, and a draw can still
+# land on one. Ten draws (ten seeds) in each backend:
 
 # %%
 one = src[row : row + 1]  # (1, 4)
@@ -358,37 +384,45 @@ agreement({name: cached["tiny-llama LM"] for name, (cached, _) in runs.items()})
 #
 # What the cache buys: the time of each step, in NumPy, for a decoder-only model somewhat
 # bigger than the toy (4 layers, $d_{\text{model}} = 128$), generating 200 tokens with and
-# without the cache:
+# without the cache. A step takes milliseconds, and timed once it is mostly noise on a busy
+# machine: whenever another program takes the processor, the steps timed then look slow. So
+# the 200 tokens are generated five times over, and each step's time is its median over the
+# five runs (a busy spell slows a step in one run, rarely in three); and NumPy runs on one
+# thread (the first cell says why):
 
 # %%
 big_config = Config.preset("tiny-lm").replace(
     d_model=128, num_heads=4, d_ff=256, num_decoder_layers=4, max_len=256, tgt_vocab_size=500
 )
 big_model = numpy_backend.impl.build_model(big_config, init_params(big_config, seed=0, dtype="float32"))
-timings = {}
-for cached in (True, False):
-    stepper = numpy_backend.impl.make_stepper(big_model, cached=cached)
-    state, token, seconds = stepper.start(np.zeros((1, 0), np.int64), 200), np.array([BOS]), []
-    for position in range(200):
-        start = time.perf_counter()
-        logits, state = stepper.step(state, token, position)
-        seconds.append(time.perf_counter() - start)
-        token = logits.argmax(axis=-1)
-    timings["with the cache" if cached else "without"] = np.array(seconds)
+decodings = {"with the cache": [], "without": []}
+# the repeats are whole decodings, not one step again at once: one busy spell would slow every
+# repeat of the step it falls on, and their median with them
+for _ in range(5):
+    for label, cached in (("with the cache", True), ("without", False)):
+        stepper = numpy_backend.impl.make_stepper(big_model, cached=cached)
+        state, token, seconds = stepper.start(np.zeros((1, 0), np.int64), 200), np.array([BOS]), []
+        for position in range(200):
+            start = time.perf_counter()
+            logits, state = stepper.step(state, token, position)
+            seconds.append(time.perf_counter() - start)
+            token = logits.argmax(axis=-1)
+        decodings[label].append(seconds)
+timings = {label: np.median(seconds, axis=0) for label, seconds in decodings.items()}  # (200,): each step's median
 fig, axis = plt.subplots(figsize=(6, 3))
 for label, seconds in timings.items():
     axis.plot(1e3 * seconds, label=f"{label}: {seconds.sum():.2f} s in all")
 axis.set_xlabel("decoding step (tokens so far)")
-axis.set_ylabel("ms per step")
+axis.set_ylabel("ms per step (median of 5)")
 axis.legend()
 fig.tight_layout()
 
 # %% [markdown]
 # Without the cache the time of a step grows with the prefix; with it, it stays flat (here the
 # attention over the cache is a small part of a step, which is mostly the layers' matrix
-# products for one token). The price is memory: two arrays of
-# $(B, H_{kv}, T, d_k)$ per layer, which is why grouped-query attention (chapter 5, and the
-# next chapter) shrinks $H_{kv}$.
+# products for one token). "In all" adds up the medians: the 200 steps of one run. The price
+# is memory: two arrays of $(B, H_{kv}, T, d_k)$ per layer, which is why grouped-query
+# attention (chapter 5, and the next chapter) shrinks $H_{kv}$.
 #
 # ## Exercises
 #
@@ -403,7 +437,9 @@ fig.tight_layout()
 # value, already split into heads. `k_cache` and `v_cache` are JAX-style buffers
 # `(B, H, max_len, d_k)`: slots `0 .. position - 1` hold the earlier tokens' keys and values,
 # the later slots zeros. Write the new key and value into slot `position`, then attend the query
-# over slots `0 .. position` (softmax of the scores divided by $\sqrt{d_k}$).
+# over slots `0 .. position` (softmax of the scores divided by $\sqrt{d_k}$). The next step
+# reads what this one wrote, so `check` compares the two buffers after your call as well as the
+# context you return.
 
 # %%
 def kv_cache_step(q, k_new, v_new, k_cache, v_cache, position):

@@ -3,6 +3,7 @@ built with its outputs rendered as a page (its equations as MathML, its code col
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -11,7 +12,7 @@ pytest.importorskip("nbconvert", reason="the course's tools are not installed: p
 pytest.importorskip("nbclient", reason="the course's tools are not installed: pip install -e '.[notebooks]'")
 
 from docs import course_page  # noqa: E402
-from transformer_course.build import NOTEBOOKS, build, chapters  # noqa: E402
+from transformer_course.build import NOTEBOOKS, build, chapters, selected  # noqa: E402
 
 
 def test_every_chapter_is_listed_and_a_chapter_built_with_outputs_is_a_page(tmp_path):
@@ -26,6 +27,10 @@ def test_every_chapter_is_listed_and_a_chapter_built_with_outputs_is_a_page(tmp_
     listing = pages["course"]
     assert f'href="course-{first.stem}.html"' in listing
     assert f"python -m transformer_course.build {second.stem[:2]}" in listing
+    # how to build them all, and one: the intro says both
+    assert "<code>python -m transformer_course.build</code> builds and runs every chapter" in listing
+    (word,) = re.findall(r"<code>python -m transformer_course\.build (\w+)</code> one", listing)
+    assert [p.stem for p in selected([word])] == [word]
     assert "<code>causal_mask</code>" in listing  # the exercises, by name
     chapter = pages[f"course-{first.stem}"]
     assert "This is a classic mistake: the mask's polarity." in chapter  # the checker's verdict, as rendered

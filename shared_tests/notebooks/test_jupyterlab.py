@@ -1,10 +1,12 @@
-"""The course opened as a person opens it: JupyterLab on localhost, a built chapter opened in
-headless Chromium, every cell run from the browser, and the rendered page read back (three
-columns of real code, the agreement table, the picture, the checker's verdicts)."""
+"""The course opened as a person opens it: JupyterLab on localhost, with the settings the build
+gives it, a built chapter opened in headless Chromium, every cell run from the browser, and the
+rendered page read back (three columns of real code, the agreement table, the picture, the
+checker's verdicts, and no pop-up asking about Jupyter's news)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.skipif(
     chromium.find() is None, reason="chromium is not installed (Debian: apt-get install chromium)"
 )
 
-from transformer_course.build import NOTEBOOKS, build  # noqa: E402
+from transformer_course.build import LAB_SETTINGS, NOTEBOOKS, build, install_lab_settings  # noqa: E402
 
 
 def _free_port() -> int:
@@ -91,11 +93,26 @@ STATE = f"""JSON.stringify({{
 }})"""
 
 
+NEWS_QUESTION = "Would you like to get notified about official Jupyter news?"
+
+
 @pytest.fixture
-def lab(tmp_path):
-    """A built chapter 1 in a folder of its own, served by JupyterLab; yields (port, token, folder)."""
+def lab(tmp_path, tmp_path_factory):
+    """A built chapter 1 in a folder of its own, served by JupyterLab with the settings the build
+    gives it; yields (port, token, folder)."""
     shutil.copy(NOTEBOOKS / "01_masks.py", tmp_path / "01_masks.py")
     build(tmp_path / "01_masks.py", run=False)  # as `python -m transformer_course.build` writes it: no outputs
+    # The build writes its settings into the environment's JupyterLab settings folder; here into a
+    # folder of the test's own (the same file, by the same function), which this JupyterLab reads
+    # in that folder's place. The user settings and workspaces too: a person's own answer to the
+    # news question, saved in their home folder, would hide the pop-up this test looks for.
+    settings, user = tmp_path_factory.mktemp("lab-settings"), tmp_path_factory.mktemp("lab-user")
+    install_lab_settings(settings)
+    env = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(user / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(user / "workspaces"),
+    }
     port, token = _free_port(), "course-test"
     server = subprocess.Popen(
         [
@@ -105,8 +122,9 @@ def lab(tmp_path):
             "--LabApp.expose_app_in_browser=True",  # window.jupyterapp: run the cells as the Run menu does
             # nothing reaches outside this machine: no extension index, no update or news check
             "--LabApp.extension_manager=readonly", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            f"--LabApp.app_settings_dir={settings}",
         ],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )  # fmt: skip
     try:
         _wait_for(f"http://127.0.0.1:{port}/api/status?token={token}", 120)
@@ -118,6 +136,10 @@ def lab(tmp_path):
 
 def test_a_chapter_opens_runs_and_renders_in_jupyterlab_in_chromium(lab, tmp_path_factory):
     port, token, _ = lab
+    # the build's settings, as JupyterLab's settings service composes them for the page
+    for plugin, wanted in LAB_SETTINGS.items():
+        served = json.loads(_wait_for(f"http://127.0.0.1:{port}/lab/api/settings/{plugin}?token={token}", 60))
+        assert {key: served["schema"]["properties"][key]["default"] for key in wanted} == wanted, plugin
     debug_port = _free_port()
     profile = tmp_path_factory.mktemp("chromium-profile")
     browser = subprocess.Popen(
@@ -141,6 +163,7 @@ def test_a_chapter_opens_runs_and_renders_in_jupyterlab_in_chromium(lab, tmp_pat
         images = page.evaluate("document.querySelectorAll('.jp-OutputArea-output img').length")
         tables = page.evaluate("document.querySelectorAll('.course-agreement tr').length")
         errors = page.evaluate("document.querySelectorAll('.jp-OutputArea-output[data-mime-type*=error]').length")
+        shown = page.evaluate("document.body.innerText")  # the notifications too, outside the notebook
     finally:
         browser.terminate()
         browser.wait(30)
@@ -152,3 +175,4 @@ def test_a_chapter_opens_runs_and_renders_in_jupyterlab_in_chromium(lab, tmp_pat
     assert errors == 0 and "Traceback" not in text
     assert "This is a classic mistake: the mask's polarity." in text
     assert text.count("Not yet") == 4  # three unwritten exercises and the wrong answer shown on purpose
+    assert NEWS_QUESTION not in shown  # the build's setting: JupyterLab opens on the chapter, not on a question

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 
 import pytest
@@ -14,7 +15,10 @@ pytest.importorskip("nbclient", reason="the course's tools are not installed: pi
 pytest.importorskip("jupytext", reason="the course's tools are not installed: pip install -e '.[notebooks]'")
 
 from transformer_backends.names import package  # noqa: E402
-from transformer_course.build import NOTEBOOKS, chapters, execute, read  # noqa: E402
+from transformer_course.build import NOTEBOOKS, chapters, execute, read, selected  # noqa: E402
+
+# What ipykernel prints on stderr when it starts on a plain TCP connection (the build encrypts it)
+UNENCRYPTED = "Kernel is running over TCP without encryption"
 
 
 def _text(notebook) -> str:
@@ -35,14 +39,24 @@ def test_there_are_eighteen_chapters_in_reading_order():
 
 
 @pytest.mark.parametrize("source", chapters(), ids=lambda p: p.stem)
-def test_the_chapter_runs_top_to_bottom(source):
+def test_the_chapter_runs_top_to_bottom(source, capfd):
     notebook = execute(read(source), NOTEBOOKS, timeout=600)
     text = _text(notebook)
     assert "Traceback" not in text
+    # the kernel writes to this process's stderr (capfd: file descriptor 2, which the kernel inherits)
+    assert UNENCRYPTED not in capfd.readouterr().err and UNENCRYPTED not in text
     errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     if source.stem.startswith("15_"):  # the real SmolLM2-135M where its package is installed, and it says so
         assert ("MODEL: the real SmolLM2-135M-Instruct" in text) == _real_weights()
+
+
+def test_the_readme_says_how_to_build_every_chapter_and_one_and_its_example_picks_one():
+    readme = (NOTEBOOKS.parent / "README.md").read_text(encoding="utf-8")
+    section = " ".join(readme[readme.index("## Learn it in notebooks") : readme.index("## Layout")].split())
+    assert "python -m transformer_course.build` builds and runs every chapter" in section
+    (word,) = re.findall(r"python -m transformer_course\.build (\w+)` one", section)
+    assert [p.stem for p in selected([word])] == [word]
 
 
 def test_a_changed_docstring_in_a_backend_shows_in_the_built_notebook(tmp_path):
