@@ -739,6 +739,9 @@ PAGES: tuple[Page, ...] = (
             "data_sharded_loss, _loss, "
             "_sharded_update, _sharded_loss_and_grads, _compile, _signature, _compiled_step, "
             "_checked, _rows, gather, sharded_train_step, sharded_backward, _sum_over, whole, sharded_logits",
+            "sharding.py: _put, _placed",
+            "distributed.py: from_environment, initialize, free_port, _process, launch, _same, place, replicated, "
+            "local",
             "sharding.py: _check_devices, _setup, _quiet, _loss_and_grads_rank, _logits_rank, _collectives_rank, "
             "_train_rank",
             "sharding.py: hlo_collectives, _group_size, step_program, step_memory, CollectiveCounter, "
@@ -842,6 +845,24 @@ PAGES: tuple[Page, ...] = (
             "Replica": "No counterpart: each process (torch) or device (JAX) is its own data rank.",
             "ShardedRun": "No counterpart: the framework holds the sharded arrays.",
             "load_whole": "No counterpart: the backend gathers the shards into its own model at the end.",
+            # JAX across processes (jax.distributed): the same step on a mesh over every process's devices
+            "_put": "No counterpart: torch's ranks each place their own pieces; NumPy's devices are in one process.",
+            "_placed": "No counterpart: torch's ranks and NumPy's check the batch on their concrete rows.",
+            "from_environment": "No counterpart: under torchrun, torch.distributed reads RANK, WORLD_SIZE and "
+            "MASTER_ADDR from the environment itself; NumPy has no processes.",
+            "initialize": "No counterpart: torch's ranks join with dist.init_process_group (data_parallel.py's "
+            "_replica); NumPy has no processes.",
+            "free_port": "No counterpart: torch's spawned ranks meet at a file in a temporary folder; NumPy has no "
+            "processes.",
+            "_process": "No counterpart: torch's spawned rank is data_parallel.py's _replica; NumPy has no processes.",
+            "launch": "No counterpart: torch.multiprocessing.spawn starts torch's ranks (data_parallel.py's _spawn); "
+            "NumPy has no processes.",
+            "_same": "No counterpart: a helper of place and replicated (one program for every move).",
+            "place": "No counterpart: each torch rank shards its own copy of the model (fully_shard, "
+            "parallelize_module); NumPy has no processes.",
+            "replicated": "No counterpart: torch makes a DTensor whole with full_tensor (whole); NumPy has no "
+            "processes.",
+            "local": "No counterpart: as replicated.",
         },
     ),
     Page(

@@ -57,6 +57,13 @@ device and into every backend.
 
 Devices: as data_parallel.py's (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` on a CPU,
 set before JAX starts).
+
+Across processes (``jax.distributed``, each process ``distributed.initialize``d: multi-host JAX)
+the same code runs in every process on one mesh over all their devices; the plan must use them
+all. What differs is only where arrays come from and go (``distributed.py``): each process places
+the weights, Adam's moments and the batch from its own whole copy (``_put``), checks the batch's
+values on that copy (``_placed``), and reads results (the gradients, a checkpoint's state, the
+weights at the end) after they are made whole on every device, so every process reads the same.
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ from transformer_run.sharding import Plan, check_plan, placement
 from transformer_run.train import train_loop
 from transformer_spec.checks import inputs_checked
 
+from . import distributed
 from .checks import check_token_ids
 from .kernels import fused_kernels
 from .layers import Dropout, seed_dropout
@@ -107,6 +115,11 @@ def sharding_mesh(plan: Plan) -> jax.sharding.Mesh:
     """The ``("data", "model")`` mesh of ``plan.devices`` devices: the accelerators, else the
     CPU's (simulated ones too). Auto axes: GSPMD lays out what the code does not annotate."""
     devices = jax.devices()
+    if jax.process_count() > 1 and len(devices) != plan.devices:  # every process's devices in it
+        raise ValueError(
+            f"the plan needs {plan.devices} devices; the {jax.process_count()} processes have "
+            f"{len(devices)} ({jax.local_device_count()} each): across processes a plan takes all"
+        )
     if len(devices) < plan.devices:
         devices = jax.devices("cpu")
     if len(devices) < plan.devices:
@@ -114,6 +127,10 @@ def sharding_mesh(plan: Plan) -> jax.sharding.Mesh:
             f"the plan needs {plan.devices} devices; JAX sees {len(devices)}: on a CPU set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={plan.devices} before importing jax"
         )
+    # across processes jax.devices() lists process 0's devices, then process 1's, ...; the mesh
+    # takes them row by row (a row: one data rank's K devices along "model"), so with K devices
+    # per process, or a multiple, tensor parallel's all-reduces stay inside a process (a machine)
+    # and only "data" crosses processes: FSDP 2 x TP 2 on 2 x 2 devices is [[0, 1], [2048, 2049]]
     shape = (plan.data_parallel * plan.fsdp, plan.tensor_parallel)
     return jax.make_mesh(
         shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=devices[: plan.devices]
@@ -141,9 +158,9 @@ def weight_shardings(model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan) -> 
 def shard_model(model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan) -> None:
     """The Params placed by ``weight_spec``; everything else (buffers such as the rotary and
     sinusoid tables, the dropout streams) whole on every device."""
-    nnx.update(model, jax.device_put(nnx.state(model), NamedSharding(mesh, P())))
+    nnx.update(model, _put(nnx.state(model), NamedSharding(mesh, P())))
     params = nnx.state(model, nnx.Param)
-    nnx.update(model, jax.device_put(params, weight_shardings(model, mesh, plan)))
+    nnx.update(model, _put(params, weight_shardings(model, mesh, plan)))
 
 
 def shard_optimizer(optimizer: Adam, mesh: jax.sharding.Mesh, plan: Plan) -> None:
@@ -165,18 +182,31 @@ def shard_optimizer(optimizer: Adam, mesh: jax.sharding.Mesh, plan: Plan) -> Non
 
     state = nnx.state(optimizer.optimizer)
     shardings = jax.tree_util.tree_map_with_path(place, state)
-    nnx.update(optimizer.optimizer, jax.device_put(state, shardings))
+    nnx.update(optimizer.optimizer, _put(state, shardings))
 
 
 def shard_batch(batch: Mapping[str, Any], mesh: jax.sharding.Mesh) -> dict:
     """Each array of ``batch`` split by rows over ``data``, whole over ``model``."""
     rows = NamedSharding(mesh, P("data"))
-    return {key: jax.device_put(np.asarray(x), rows) for key, x in batch.items()}
+    return {key: _put(np.asarray(x), rows) for key, x in batch.items()}
 
 
 def gather(module: nnx.Module) -> None:
-    """Back to one device (the default one), every array whole."""
-    nnx.update(module, jax.device_put(nnx.state(module), jax.devices()[0]))
+    """Back to one device (the default one; across processes, each process's first), every array
+    whole."""
+    if jax.process_count() == 1:
+        nnx.update(module, jax.device_put(nnx.state(module), jax.devices()[0]))
+    else:  # jax.devices()[0] is process 0's: each process keeps its own copy
+        nnx.update(module, distributed.local(distributed.replicated(nnx.state(module))))
+
+
+def _put(tree, shardings):
+    """``jax.device_put``; on a mesh that spans processes, ``distributed.place`` (each process
+    fills its own devices' shards from its whole copy: device_put cannot place a committed
+    array on another process's devices)."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    return distributed.place(tree, shardings)
 
 
 # ----------------------------------- FSDP and data parallel: the step written out in shard_map
@@ -467,6 +497,17 @@ def _checked(model, batch: Mapping[str, Any]) -> tuple[tuple, jax.Array]:
     return tuple(inputs), targets
 
 
+def _placed(model, batch: Mapping[str, Any], mesh) -> tuple[tuple, jax.Array]:
+    """``batch`` split over ``data`` (``shard_batch``), its inputs and targets checked. Across
+    processes the values are checked on this process's copy, before it is placed: a global array's
+    rows are not all here to read."""
+    if jax.process_count() == 1:
+        return _checked(model, shard_batch(batch, mesh))
+    _checked(model, batch)
+    inputs, targets = split_batch(model.config, shard_batch(batch, mesh))
+    return tuple(inputs), targets
+
+
 def sharded_loss_and_grads(
     model, batch: Mapping[str, Any], plan: Plan, label_smoothing: float = 0.0
 ) -> tuple[float, dict[str, np.ndarray]]:
@@ -476,10 +517,12 @@ def sharded_loss_and_grads(
     mesh = sharding_mesh(plan)
     shard_model(model, mesh, plan)
     try:
-        inputs, targets = _checked(model, shard_batch(batch, mesh))
+        inputs, targets = _placed(model, batch, mesh)
         step = _compile(_sharded_loss_and_grads, model, inputs, targets,
                         label_smoothing=label_smoothing, mesh=mesh, plan=plan)  # fmt: skip
         loss, grads = step(model, inputs, targets)
+        if jax.process_count() > 1:  # each process holds its shards: whole on every device first
+            grads = distributed.replicated(grads)
         # the gradients, shaped like the Params, read out through to_params (whole, canonical)
         graphdef, _, others = nnx.split(model, nnx.Param, ...)
         return float(loss), to_params(nnx.merge(graphdef, grads, others))
@@ -509,11 +552,15 @@ def sharded_train(
     optimizer = Adam(model, schedule)
     shard_model(model, mesh, plan)
     shard_optimizer(optimizer, mesh, plan)
+    across = jax.process_count() > 1  # the mesh spans processes
+    for batch in batches if across else ():  # checked here: a global array's rows are not all here
+        _checked(model, batch)
     sharded = [shard_batch(batch, mesh) for batch in batches]  # placed once, read every pass
     programs: dict[tuple, Any] = {}  # compiled once for each shape of batch (and smoothing)
 
     def step(model, optimizer: Adam, batch, label_smoothing: float = 0.0) -> float:
-        inputs, targets = _checked(model, batch)
+        inputs, targets = _checked(model, batch) if not across else split_batch(model.config, batch)
+        inputs = tuple(inputs)
         optimizer.set_learning_rate()
         adam = optimizer.optimizer
         key = (tuple(np.shape(x) for x in jax.tree.leaves((inputs, targets))), label_smoothing)
@@ -524,10 +571,28 @@ def sharded_train(
             )  # fmt: skip
         return float(programs[key](model, adam, inputs, targets))
 
+    state_of, save = training_state, checkpoint
+    if across and checkpoint is not None:  # NumPy reads a global array only once it is whole
+
+        def state_of(model, optimizer: Adam, losses: list[float]):
+            weights, moments = distributed.replicated(  # whole on every device: one program
+                (nnx.state(model), nnx.state(optimizer.optimizer))
+            )
+            nnx.update(model, weights)
+            nnx.update(optimizer.optimizer, moments)
+            return training_state(model, optimizer, losses)
+
+        def save(state) -> None:
+            try:
+                checkpoint(state)  # to_params(model) reads the weights, whole (state_of)
+            finally:  # placed by the plan again, for the next step
+                shard_model(model, mesh, plan)
+                shard_optimizer(optimizer, mesh, plan)
+
     try:
         return train_loop(
             model, optimizer, step, seed_dropout, sharded, steps, label_smoothing, callback,
-            seed, None, checkpoint, checkpoint_every, training_state, restore_training_state,
+            seed, None, save, checkpoint_every, state_of, restore_training_state,
         )  # fmt: skip
     finally:
         gather(model)
@@ -624,7 +689,7 @@ def _compiled_step(model, batch: Mapping[str, Any], plan: Plan):
     model.train()  # as the training loop sets it (dropout on), with new streams: the program
     seed_dropout(model, 0)  # training runs, compiled once for both
     try:
-        inputs, targets = _checked(model, shard_batch(batch, mesh))
+        inputs, targets = _placed(model, batch, mesh)
         adam = optimizer.optimizer
         return _compile(
             _sharded_update, model, adam, inputs, targets, label_smoothing=0.0, mesh=mesh, plan=plan

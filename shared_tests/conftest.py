@@ -185,6 +185,17 @@ SLOW = {
         "test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_megatrons_all_reduces",
         "test_twenty_float64_adam_steps_give_the_single_device_losses_and_weights",
     },
+    # random (config, plan) pairs: each accepted one run in every backend against one device
+    "sharding/test_random_plans.py": {
+        "test_a_random_plan_is_refused_naming_the_weight_and_sizes_or_runs_to_one_devices_numbers",
+        "test_a_sample_of_random_plans_is_refused_with_check_plans_message_or_runs_to_one_devices_numbers",
+    },
+    # JAX across processes: one launch of two jax.distributed processes, which every test waits for
+    "sharding/test_jax_processes.py": {
+        "test_each_plan_across_processes_gives_the_single_device_loss_and_gradients",
+        "test_every_process_computes_the_same_numbers",
+        "test_twenty_adam_steps_across_processes_give_the_single_device_losses_and_weights",
+    },
     # each chapter of the course in a fresh kernel (the real SmolLM2 chapter the longest), JupyterLab in Chromium
     "notebooks/test_notebooks.py": {
         "test_the_chapter_runs_top_to_bottom",

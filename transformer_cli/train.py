@@ -34,6 +34,14 @@ processes, JAX devices, NumPy devices simulated in this process. A plan that can
 that does not divide the heads, the key/value heads, d_ff, a weight's dimension or the batch) is
 refused before anything starts; ``--heads`` and ``--d-ff`` resize the task's model to fit one.
 
+``--processes N`` (JAX, with a plan) runs the plan on one mesh over the devices of N processes,
+each ``jax.distributed.initialize``d, as multi-host JAX runs: without a process id, N local
+processes are spawned here, each with plan-devices / N CPU devices; with ``--process-id I`` (or
+JAX_PROCESS_ID) and ``--coordinator HOST:PORT`` (or JAX_COORDINATOR_ADDRESS: process 0's machine
+and a free port, the same for all), this process is process I of N, started by hand or by a
+scheduler on each machine. Every process computes the same losses and weights; process 0 alone
+prints and writes files.
+
 ``--compile`` compiles torch's training step (its forward pass, loss and backward pass, through
 torch.compile; Adam's update as it is); JAX's step is always jit-compiled and NumPy has no compiler.
 It trains on one device, in float32 or float64 (bf16 and the parallel runs stay eager).
@@ -44,6 +52,8 @@ Examples:
   transformer-ref train --task copy --backend torch --plot loss.png      # one torch thread: see --threads
   transformer-ref train --task copy --backend torch --data-parallel 2    # 2 DDP processes, 16 rows each
   transformer-ref train --task next-word --heads 4 --d-ff 48 --fsdp 2 --tensor-parallel 2   # 4 devices
+  transformer-ref train --task next-word --heads 4 --d-ff 48 --fsdp 2 --tensor-parallel 2 --backend jax \
+      --processes 2                                                      # 2 processes of 2 devices
 """
 
 from __future__ import annotations
@@ -76,7 +86,17 @@ from transformer_run.sharding import Plan, check_plan
 from transformer_spec import Config, WeightsError, WeightsFileError, init_params
 
 from .compile import add_compile_argument, note
-from .errors import UsageError, dropout_rate, get_installed_backend, missing_extra, positive_int, probability, seed
+from .errors import (
+    UsageError,
+    dropout_rate,
+    get_installed_backend,
+    missing_extra,
+    non_negative_int,
+    positive_int,
+    probability,
+    seed,
+    usage_error,
+)
 from .help import plain, summary
 from .threads import add_threads_argument, use_threads
 
@@ -145,6 +165,26 @@ def add_parser(commands) -> None:
         help="split each attention's heads and each feed-forward's hidden features over K devices "
         "(Megatron); K must divide the heads, the key/value heads and d_ff",
     )
+    parser.add_argument(
+        "--processes",
+        type=positive_int,
+        metavar="N",
+        help="jax, with --fsdp/--tensor-parallel: one mesh over the devices of N processes (jax.distributed); "
+        "without a process id, N local processes spawned here, each with plan-devices / N CPU devices",
+    )
+    parser.add_argument(
+        "--process-id",
+        type=non_negative_int,
+        metavar="I",
+        help="with --processes: this process is process I of N, started by hand or by a scheduler "
+        "(default: $JAX_PROCESS_ID); process 0 runs the coordinator",
+    )
+    parser.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="with --process-id: process 0's machine and a free port, the same for every process "
+        "(default: $JAX_COORDINATOR_ADDRESS)",
+    )
     parser.add_argument("--heads", type=positive_int, metavar="H", help="the task model's attention heads")
     parser.add_argument("--d-ff", type=positive_int, metavar="N", help="the task model's feed-forward width")
     parser.add_argument("--plot", metavar="PNG", help="draw the loss of every step into this PNG (needs matplotlib)")
@@ -184,14 +224,13 @@ def run(args: argparse.Namespace) -> int:
         option = "--save" if args.save else "--resume"
         raise UsageError(f"--data-parallel {args.data_parallel} does not checkpoint yet: leave out {option}")
     plan = _sharding_plan(args, resumed, settings)
+    process_id, coordinator = _processes(args, plan, settings)
     if args.compile and (args.data_parallel or plan is not None):
         raise UsageError(f"--compile compiles the one-device step: leave out {_plan_options(args)}")
     if args.compile and settings["dtype"] == "bfloat16":
         raise UsageError("--compile compiles the float32 and float64 steps: bfloat16 runs eagerly, leave one out")
-    if args.data_parallel and settings["backend"] == "jax":
+    if settings["backend"] == "jax" and (args.data_parallel or plan is not None) and not args.processes:
         _simulate_cpu_devices(args.data_parallel if plan is None else plan.devices)
-    elif plan is not None and settings["backend"] == "jax":
-        _simulate_cpu_devices(plan.devices)
     backend = get_installed_backend(settings["backend"])
     if args.plot:
         _check_plot(args.plot)
@@ -220,6 +259,16 @@ def run(args: argparse.Namespace) -> int:
                 check_data_parallel(batch_size(config, batch), args.data_parallel)
             except ValueError as error:
                 raise UsageError(f"--data-parallel {args.data_parallel}: task {settings['task']}: {error}") from None
+    if args.processes and process_id is None:  # the launcher: the same run in N local processes
+        from jax_impl import distributed
+
+        return distributed.launch(_process_run, args, processes=args.processes,
+                                  cpu_devices=plan.devices // args.processes)  # fmt: skip
+    quiet = False  # a process of a multi-process run other than 0
+    if args.processes:
+        quiet = _join(args, plan, process_id, coordinator) != 0
+        if quiet:
+            _silence_this_process()
     compute_dtype = "bfloat16" if settings["dtype"] == "bfloat16" else None  # mixed precision: float32 master weights
     weights_dtype = "float32" if compute_dtype else settings["dtype"]
     params = resumed.params if resumed else init_params(config, seed=settings["seed"], dtype=weights_dtype)
@@ -232,11 +281,13 @@ def run(args: argparse.Namespace) -> int:
           f"d_model {config.d_model}, {steps} steps, Adam with the paper's warm-up schedule ({settings['warmup']} "
           f"steps){where}" + (f", {threads} torch thread{'s' * (threads > 1)}" if threads else "")
           + (f", data parallel over {args.data_parallel} replicas" if args.data_parallel and not plan else "")
-          + (f", sharded over {plan.devices} devices ({_plan_options(args)})" if plan else ""))  # fmt: skip
+          + (f", sharded over {plan.devices} devices ({_plan_options(args)})" if plan else "")
+          + (f" in {args.processes} processes" if args.processes else ""))  # fmt: skip
     run_record = settings | {"steps": steps, "checkpoint_every": every}
 
     def checkpoint(state) -> None:
-        save_checkpoint(save, config, backend.impl.to_params(model), state, run_record)
+        if not quiet:  # every process holds the same state: process 0 writes it
+            save_checkpoint(save, config, backend.impl.to_params(model), state, run_record)
 
     if note([settings["backend"]], args.compile):
         print(note([settings["backend"]], args.compile))
@@ -265,6 +316,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"checkpoint: {save} (--resume {save} continues it; every backend loads it: <backend>_impl.load_model)")
     if losses:
         print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f}\n")
+    if quiet:  # process 0 shows what the model learned
+        return 0
     if args.plot and losses:
         from .plots import loss_figure
 
@@ -295,6 +348,77 @@ def _sharding_plan(args: argparse.Namespace, resumed: Checkpoint | None, setting
         return Plan(args.data_parallel or 1, args.fsdp or 1, args.tensor_parallel or 1)
     except ValueError as error:
         raise UsageError(f"{_plan_options(args)}: {error}") from None
+
+
+def _processes(args: argparse.Namespace, plan: Plan | None, settings: dict) -> tuple[int | None, str | None]:
+    """With --processes: (this process's id, the coordinator's address), from the options or the
+    environment; the id None: spawn the processes here. What cannot run is refused first."""
+    from_env = {name: os.environ.get(variable) or None for name, variable in PROCESS_ENVIRONMENT.items()}
+    process_id = args.process_id if args.process_id is not None else from_env["process_id"]
+    coordinator = args.coordinator or from_env["coordinator"]
+    if not args.processes:
+        for option, value in (("--process-id", args.process_id), ("--coordinator", args.coordinator)):
+            if value is not None:
+                raise UsageError(f"{option} {value}: a process of a multi-process run: give --processes N too")
+        return None, None
+    option = f"--processes {args.processes}"
+    if settings["backend"] != "jax":
+        raise UsageError(f"{option}: the jax backend's (torch starts its own processes: --fsdp, --tensor-parallel)")
+    if plan is None:
+        raise UsageError(f"{option}: runs a sharded plan across processes: give --fsdp or --tensor-parallel")
+    if plan.devices % args.processes:
+        raise UsageError(f"{option}: the plan's {plan.devices} devices do not split evenly over the processes")
+    if process_id is None:  # the launcher, whose coordinator is on this machine, at a free port
+        if args.coordinator is not None:
+            raise UsageError(f"--coordinator {args.coordinator}: for a process started with --process-id")
+        return None, None
+    try:
+        process_id = int(process_id)
+    except ValueError:
+        raise UsageError(f"JAX_PROCESS_ID={process_id!r} is not a process id (0, 1, ...)") from None
+    if not 0 <= process_id < args.processes:
+        raise UsageError(f"--process-id {process_id}: {option} numbers them 0 .. {args.processes - 1}")
+    if coordinator is None:
+        raise UsageError(f"--process-id {process_id}: give --coordinator HOST:PORT (or JAX_COORDINATOR_ADDRESS)")
+    return process_id, coordinator
+
+
+# Where --process-id and --coordinator are read from when not given (a scheduler sets them)
+PROCESS_ENVIRONMENT = {"process_id": "JAX_PROCESS_ID", "coordinator": "JAX_COORDINATOR_ADDRESS"}
+
+
+def _join(args: argparse.Namespace, plan: Plan, process_id: int, coordinator: str) -> int:
+    """This process into the run (``jax.distributed``; a spawned one has joined already, before
+    the run started in it), with plan-devices / N CPU devices; -> its id."""
+    import jax
+
+    from jax_impl import distributed
+
+    if not jax.distributed.is_initialized():
+        try:
+            distributed.initialize(coordinator, args.processes, process_id,
+                                   cpu_devices=plan.devices // args.processes)  # fmt: skip
+        except ValueError as error:
+            raise UsageError(f"--processes {args.processes}: {error}") from None
+    return jax.process_index()
+
+
+def _silence_this_process() -> None:
+    """Standard output to /dev/null for the rest of this process, at the file descriptor: gloo
+    writes to it from C++ when it connects the processes, from its own threads, and a connection
+    made by the last collective printed after the run had returned."""
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # Python's sys.stdout writes there too
+    os.close(devnull)
+
+
+def _process_run(args: argparse.Namespace) -> int:
+    """A spawned process of ``--processes N``: the same run; its place in the environment."""
+    try:
+        return run(args)
+    except UsageError as error:
+        raise usage_error("train", str(error)) from None
 
 
 def _sharded_train(backend: str, args: argparse.Namespace):

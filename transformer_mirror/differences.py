@@ -27,8 +27,12 @@ PER_BACKEND_FILES: dict[str, str] = {
     "sharding.py": "sharded-engines",
     "compiled.py": "compilers",
 }
-# Files one backend has and the others do not, because their framework brings what they hold.
-ONE_BACKEND_FILES: dict[str, str] = {"numpy_impl/module.py": "numpy-framework"}
+# Files one backend has and the others do not, because their framework brings what they hold (or
+# needs what they do not).
+ONE_BACKEND_FILES: dict[str, str] = {
+    "numpy_impl/module.py": "numpy-framework",
+    "jax_impl/distributed.py": "jax-processes",
+}
 
 REASONS: dict[str, str] = {
     "fused-kernels": "Speed lives in one file per backend, kernels.py: the fused kernels a backend has "
@@ -117,6 +121,12 @@ REASONS: dict[str, str] = {
     "after another on one model and adds their gradients, each weighted by its share of the global count. "
     "All three reuse their train.py's step pieces and transformer_run.train's loop, and "
     "shared_tests/training/test_data_parallel.py holds each equal to the single-device step.",
+    "jax-processes": "JAX across processes (jax.distributed: one mesh over the devices of several processes, "
+    "as multi-host JAX runs) has a file of its own, jax_impl/distributed.py: starting and joining the "
+    "processes, and the global arrays a process holds only its shards of, placed from each process's own "
+    "copy and made whole to be read. torch's sharded runs are processes already (one per device, "
+    "torch.multiprocessing.spawn or torchrun, in data_parallel.py and sharding.py); NumPy's devices are "
+    "simulated in one process.",
     "sharded-engines": "FSDP and tensor parallelism live in one file per backend, sharding.py, with the same "
     "entry points (sharded_train, step_collectives) and each backend's own body, since the engines are each "
     "framework's own. torch runs one process per device on a 2-D DeviceMesh: fully_shard on each layer and on "

@@ -31,7 +31,8 @@ rows [in, out] (a row-split one's columns instead), an embedding table's rows (i
 norm's or a bias's one dimension (a column-split bias has none left: each model rank's part of it is
 split again over ``data``, as torch's ``fully_shard`` does on top of a tensor-parallel weight).
 It must divide that dimension, as JAX's ``NamedSharding`` requires (torch's ``fully_shard`` would
-pad instead): ``check_plan`` refuses a plan that does not, naming the weight and both numbers. The
+pad instead): ``check_plan`` refuses a plan that does not, naming the weight and both numbers; for
+a column-split bias, the number is the size of its part on one model rank. The
 units FSDP gathers at once (``fsdp_units``) are each encoder and decoder layer, and the rest of the
 model (embeddings, final norms, output projection) as one last unit, as ``fully_shard`` is applied
 to each layer and then to the whole model.
@@ -144,22 +145,17 @@ def plan_weights(config: Config, plan: Plan) -> dict[str, Placement]:
 
 def check_plan(config: Config, plan: Plan, batch_rows: int | None = None, devices: int | None = None) -> None:
     """ValueError (one line naming both numbers) unless ``plan`` can run ``config``: tensor_parallel
-    divides num_heads, num_kv_heads and d_ff; fsdp divides the dimension it splits of every weight
-    (the vocabulary of an embedding table, d_model, ...); the batch's rows split over the data axis;
-    and, when ``devices`` is given, the plan uses exactly that many."""
+    divides num_heads, num_kv_heads and d_ff; every split ``piece`` makes of every weight is even
+    (tensor parallel's, then FSDP's of the part tensor parallel left: the vocabulary of an embedding
+    table, d_model, a model rank's part of a column-split bias, ...); the batch's rows split over
+    the data axis; and, when ``devices`` is given, the plan uses exactly that many."""
     k = plan.tensor_parallel
     if k > 1:
         for field in ("num_heads", "num_kv_heads", "d_ff"):
             if getattr(config, field) % k:
                 raise ValueError(f"tensor_parallel {k} does not divide {field} {getattr(config, field)}")
     for name, shape in param_schema(config).items():
-        where = placement(name, shape, plan)
-        if where.fsdp_dim is not None and shape[where.fsdp_dim] % plan.fsdp:
-            what = "the vocabulary, " if name.endswith("token.weight") and where.fsdp_dim == 0 else ""
-            raise ValueError(
-                f"fsdp {plan.fsdp} does not divide {shape[where.fsdp_dim]}, {what}dimension {where.fsdp_dim} "
-                f"of {name} {shape}"
-            )
+        _check_pieces(name, shape, placement(name, shape, plan), plan)
     if batch_rows is not None and (batch_rows < plan.data or batch_rows % plan.data):
         raise ValueError(
             f"a batch of {batch_rows} rows does not split evenly over {plan.data} data devices "
@@ -170,6 +166,27 @@ def check_plan(config: Config, plan: Plan, batch_rows: int | None = None, device
             f"the plan needs data_parallel {plan.data_parallel} x fsdp {plan.fsdp} x tensor_parallel {k} = "
             f"{plan.devices} devices, but {devices} are there"
         )
+
+
+def _check_pieces(name: str, shape: tuple[int, ...], where: Placement, plan: Plan) -> None:
+    """ValueError unless each split ``piece`` makes of the weight ``name`` is even, checked in the
+    order it cuts: tensor parallel's, then FSDP's of the part tensor parallel left (a column-split
+    bias is cut twice along its one dimension: d_ff 42 over 2 model ranks leaves 21, which FSDP
+    cannot halve though it halves 42). The message names the weight, the split, the size it meets
+    and the cut before it."""
+    part, before = tuple(shape), ""
+    for split, degree, axis in (("tensor_parallel", plan.tensor_parallel, where.model_dim),
+                                ("fsdp", plan.fsdp, where.fsdp_dim)):  # fmt: skip
+        if axis is None:
+            continue
+        if part[axis] % degree:
+            what = "the vocabulary, " if name.endswith("token.weight") and axis == 0 else ""
+            raise ValueError(
+                f"{split} {degree} does not divide {part[axis]}, {what}dimension {axis} of {name} {tuple(shape)}"
+                f"{before}"
+            )
+        part = part[:axis] + (part[axis] // degree,) + part[axis + 1 :]
+        before = f" after {split} {degree} cut it to {part}"
 
 
 def plan_for_devices(devices: int, fsdp: int = 1, tensor_parallel: int = 1) -> Plan:

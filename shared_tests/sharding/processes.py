@@ -1,5 +1,6 @@
-"""The processes the sharded runs need (JAX's children on simulated devices, torch's groups of gloo
-ranks), each set started once per test run, by the first test that needs it.
+"""The processes the sharded runs need (JAX's children on simulated devices, JAX's two processes on
+one mesh, torch's groups of gloo ranks), each set started once per test run, by the first test that
+needs it.
 
 Under xdist each worker is its own process: the first to need a set of processes starts it (a file
 created exclusively in the run's shared folder says who did) and records how each process ended;
@@ -97,10 +98,33 @@ def jax_children(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, 
     return {part: [sys.executable, "-m", module, "child", str(folder), part] for part in CONFIGS}, env
 
 
+def jax_processes(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """test_jax_processes.py's launcher, which spawns the run's processes (jax.distributed, 2 CPU
+    devices each: it sets them itself, so no device count in XLA_FLAGS)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # as for jax_children: no other process compiles these
+    return {"launcher": [sys.executable, "-m", "shared_tests.sharding.test_jax_processes", str(folder)]}, env
+
+
 def torch_groups(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
     """test_torch_sharding.py's launcher, which forks each group's ranks from itself."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return {"launcher": [sys.executable, "-m", "shared_tests.sharding.test_torch_sharding", str(folder)]}, env
+
+
+def random_plans(framework: str):
+    """test_random_plans.py's process for ``framework``: JAX's child on 8 simulated CPU devices (its
+    plans have up to 8), or torch's launcher, which forks each group's ranks from itself."""
+
+    def commands(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if framework == "jax":
+            env.pop("JAX_COMPILATION_CACHE_DIR", None)  # as jax_children: no other process compiles these
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
+        module = "shared_tests.sharding.test_random_plans"
+        return {framework: [sys.executable, "-m", module, framework, str(folder)]}, env
+
+    return commands
 
 
 class SharedRuns:
@@ -127,7 +151,10 @@ class SharedRuns:
 
 SETS = {  # name: (the framework it needs, its commands)
     "jax": ("jax", jax_children),
+    "jax-processes": ("jax", jax_processes),
     "torch": ("torch", torch_groups),
+    "random-plans-jax": ("jax", random_plans("jax")),
+    "random-plans-torch": ("torch", random_plans("torch")),
 }
 
 
