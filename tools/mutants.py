@@ -68,11 +68,14 @@ MUTATION_TESTS = [
     "interop/test_converters.py::test_marian_export_refuses_two_different_tables_only_into_a_shared_checkpoint",
     "interop/test_weights_files.py::test_added_later_names_exactly_the_fields_that_the_earlier_files_lack",
     "interop/test_weights_files.py::test_a_file_of_an_earlier_version_loads_as_the_model_it_was_written_from",
+    "components/test_tiled_attention.py::test_a_one_column_key_mask_with_an_empty_row_gives_numpys_tiled_results_in_every_backend",
+    "models/test_jax_specifics.py::test_jit_compiled_forward_returns_what_its_one_output_flag_asks_for",
+    "decoding/test_decoding.py::test_a_growing_cache_grows_or_refuses_as_numpys_does",
 ]
 
 
-# The search, the tokenizer, the converters, the schedules, the exercises' checker, JAX's stepper, torch's
-# compiled() wrapper and the tiled attention: the files that exercise them (a model mutant runs everything
+# The search, the tokenizer, the converters, the schedules, the exercises' checker, JAX's stepper, torch's and
+# JAX's compiled() wrappers and the tiled attention: the files that exercise them (a model mutant runs everything
 # above; these run in seconds instead of minutes).
 BY_PATH = {
     "transformer_run/decoding.py": [
@@ -87,6 +90,7 @@ BY_PATH = {
     "transformer_course/check.py": ["notebooks/test_exercises.py"],
     "transformer_course/exercises/parts.py": ["notebooks/test_exercises.py"],
     "torch_impl/compiled.py": ["models/test_torch_compiled.py"],
+    "jax_impl/compiled.py": ["models/test_jax_specifics.py"],
     **{f"{backend}_impl/tiled_attention.py": ["components/test_tiled_attention.py", "components/test_fast_paths.py"]
        for backend in ("numpy", "jax", "torch")},
     "jax_impl/generate.py": ["models/test_jax_specifics.py", "decoding/test_decoding.py", "components/test_modern.py",

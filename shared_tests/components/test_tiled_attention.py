@@ -135,6 +135,27 @@ def test_a_query_with_no_allowed_key_gets_zero_output_and_zero_finite_gradients(
     assert np.isfinite(logsumexp).all()
 
 
+def test_a_one_column_key_mask_with_an_empty_row_gives_numpys_tiled_results_in_every_backend(backend, reference):
+    """NumPy's tiled attention, hand-written backward included, is the reference the others are held
+    to, on what only tiling can get wrong: a key mask of size 1 over several blocks (broadcast to
+    each, not sliced) and a query that may look at nothing (logsumexp 0, not -inf, or the backward's
+    weights are NaN). Context, logsumexp and gradients, finite and equal to float64 precision. The
+    tests above call NumPy's tiled attention only with --backend=numpy; this one in every run
+    (numpy-tiled-attention-slices-a-one-column-key-mask, numpy-tiled-attention-empty-row-logsumexp)."""
+    q, k, v, grad_context = attention_inputs("float64", seed=2)
+    mask = masks()["key-column"].copy()  # (B, 1, T_q, 1)
+    mask[0, :, 2] = False  # one query of the first sequence may look at nothing
+    results = {}
+    for side in (backend, reference):
+        outputs = tiled_context_and_gradients(side, 3, q, k, v, mask, grad_context)
+        _, logsumexp = side.call(side.impl.tiled_attention, q, k, v, mask, 3)  # (B, H, T_q, 1)
+        results[side.name] = (*outputs, logsumexp)
+    names = ("context", "grad_q", "grad_k", "grad_v", "logsumexp")
+    for name, got, want in zip(names, results[backend.name], results["numpy"], strict=True):
+        assert np.isfinite(want).all(), f"NumPy's {name}"
+        assert_close(got, want, "float64", f"tiled attention vs NumPy's, one-column key mask: {name}")
+
+
 @pytest.mark.parametrize(
     ("block_size", "error"), [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError), ("4", TypeError)]
 )

@@ -178,6 +178,24 @@ def test_a_growing_cache_refuses_entries_for_any_position_but_the_next(backend, 
         backend.impl.attention.append_to_cache(cached, new, 3 + offset, axis=2)
 
 
+@pytest.mark.parametrize("position", [2, 3, 4], ids=["an-earlier-position", "the-next", "a-skipped-position"])
+def test_a_growing_cache_grows_or_refuses_as_numpys_does(backend, reference, position):
+    """NumPy's growing cache is the reference the others are held to: at every position the backend's
+    ``append_to_cache`` and NumPy's both give the same grown cache or both refuse with the same message.
+    The test above calls NumPy's only with --backend=numpy; this one in every run
+    (numpy-cache-accepts-a-skipped-position)."""
+    if backend.name == "jax":
+        pytest.skip("JAX's cache is a fixed buffer written at any position (the stepper checks its bounds)")
+    outcomes = []
+    for side in (backend, reference):
+        cached, new = side.asarray(np.zeros((1, 2, 3, 4))), side.asarray(np.ones((1, 2, 1, 4)))
+        try:
+            outcomes.append(side.to_numpy(side.impl.attention.append_to_cache(cached, new, position, axis=2)).tolist())
+        except ValueError as error:
+            outcomes.append(str(error))
+    assert outcomes[0] == outcomes[1], f"{backend.name}: {outcomes[0]!r:.80}, NumPy: {outcomes[1]!r:.80}"
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_stopping_rule_gives_the_references_beams(backend, reference, kind):
     """``early_stopping`` reaches the search in every backend: for each of Hugging Face's rules the

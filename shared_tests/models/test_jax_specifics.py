@@ -43,6 +43,22 @@ def test_jit_compiled_forward_equals_eager_forward(kind, dtype):
         assert_close(np.asarray(jitted[name]), np.asarray(eager[name]), dtype, f"jit vs eager {name}")
 
 
+@pytest.mark.parametrize("flag", ["return_attentions", "return_hidden_states"])
+def test_jit_compiled_forward_returns_what_its_one_output_flag_asks_for(flag):
+    """Asked for the attention weights or the hidden states alone, ``compiled(model)`` returns that
+    field (one entry per layer; the hidden states also the embeddings) and the other one empty, as
+    the eager model does: ``compiled`` passes each flag on by its name (the test above asks for both
+    at once, which jax-compiled-swaps-the-output-flags passed)."""
+    config = as_kind(VARIANTS["pre-gelu-learned"], "decoder_only")
+    model = jax_impl.build_model(config, init_params(config, seed=4, dtype="float64"))
+    (ids,) = model_inputs(config, (2, 5, 5, True))
+    output = jax_impl.compiled(model)(jnp.asarray(ids), **{flag: True})
+    asked = flag.removeprefix("return_")
+    other = "hidden_states" if asked == "attentions" else "attentions"
+    assert len(getattr(output, asked)) == config.num_decoder_layers + (asked == "hidden_states"), asked
+    assert getattr(output, other) == (), other
+
+
 def test_the_cached_step_fills_its_buffer_to_the_last_slot_and_refuses_the_one_past_it():
     """JAX's cache is a buffer of fixed size (the prompt and ``max_new`` steps, rounded up to
     CACHE_BLOCK; NumPy and torch grow theirs); ``dynamic_update_slice`` would clamp a write past
