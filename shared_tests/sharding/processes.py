@@ -83,6 +83,26 @@ class Processes:
             self.recorder.join()
 
 
+def run_group(target, args_of_ranks: list[tuple]) -> list[str]:
+    """A group of torch ranks, rank r running ``target(*args_of_ranks[r])``, forked from this process
+    (which has imported what they run: copies of it, nothing imported again) on Linux, spawned
+    elsewhere (macOS's system libraries are not safe to fork, and Windows cannot). A rank that fails
+    ends its group (the others would wait for it in a collective). What failed, in words."""
+    import multiprocessing
+
+    start = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    size = len(args_of_ranks)
+    ranks = [start.Process(target=target, args=args) for args in args_of_ranks]
+    for rank in ranks:
+        rank.start()
+    while any(rank.exitcode is None for rank in ranks):
+        if any(rank.exitcode for rank in ranks):  # one failed: the others cannot finish
+            for rank in ranks:
+                rank.terminate()
+        time.sleep(0.1)
+    return [f"group of {size}: rank {r} exited with {rank.exitcode}" for r, rank in enumerate(ranks) if rank.exitcode]
+
+
 def jax_children(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
     """test_jax_sharding.py's children, one per model of CONFIGS, side by side, on 4 simulated CPU
     devices each."""

@@ -37,6 +37,7 @@ from transformer_spec import Config, param_schema
 
 from ..helpers import configs, hypothesis_settings
 from .cases import gradient_error, params_of
+from .processes import run_group
 
 KINDS = ("encoder_decoder", "decoder_only")  # the kinds with a loss to shard (an encoder has no logits)
 # Sizes are drawn for the plan, so that most pairs get past the whole weights and many meet an uneven
@@ -346,13 +347,10 @@ def torch_launcher(folder: str) -> None:
     refuses before it starts a process); the others in groups of gloo ranks, one group per number
     of devices, each rank forked from this process, which has imported torch (test_torch_sharding.py's
     ``launch``). Writes FOLDER/random-plans-torch.{json,npz}; exits with each failed rank's status."""
-    import multiprocessing
-    import time
 
     import torch_impl
     from torch_impl.sharding import sharded_loss_and_grads
 
-    start = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     records, arrays, groups, failed = [], {}, collections.defaultdict(list), []
     for index, (config, plan) in enumerate(draw_sample()):
         try:
@@ -365,16 +363,7 @@ def torch_launcher(folder: str) -> None:
         groups[plan.devices].append((index, config, plan))
     for size, cases in sorted(groups.items()):
         out = pathlib.Path(folder) / f"random-plans-torch-{size}"
-        ranks = [start.Process(target=torch_rank, args=(size, rank, cases, str(out), f"{out}.rendezvous"))
-                 for rank in range(size)]  # fmt: skip
-        for rank in ranks:
-            rank.start()
-        while any(rank.exitcode is None for rank in ranks):
-            if any(rank.exitcode for rank in ranks):  # one failed: the others cannot finish
-                for rank in ranks:
-                    rank.terminate()
-            time.sleep(0.1)
-        failed += [f"group of {size}: rank {r} exited with {p.exitcode}" for r, p in enumerate(ranks) if p.exitcode]
+        failed += run_group(torch_rank, [(size, rank, cases, str(out), f"{out}.rendezvous") for rank in range(size)])
         if not failed:
             records += json.loads(out.with_suffix(".json").read_text())
             arrays |= dict(np.load(out.with_suffix(".npz")))

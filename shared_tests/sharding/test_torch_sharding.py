@@ -23,7 +23,6 @@ import datetime
 import json
 import pathlib
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -44,6 +43,7 @@ from .cases import (
     params_of,
     schedule,
 )
+from .processes import run_group
 
 GROUPS = {  # processes: {name: plan}
     2: {"fsdp": Plan(fsdp=2), "tp": Plan(tensor_parallel=2)},
@@ -127,30 +127,15 @@ def child(processes: int, out: str, rank: int, init_file: str) -> None:
 def launch(folder: str) -> None:
     """Each group of GROUPS in turn: its ranks forked from this process, which has imported what
     they run (copies of it: nothing is imported again), rank r of a group of n running
-    ``child(n, FOLDER/group-n.npz, r, FOLDER/rendezvous-n)``. A rank that fails ends its group (the
-    others would wait for it in a collective); exits with each failed rank's status."""
-    import multiprocessing
-
+    ``child(n, FOLDER/group-n.npz, r, FOLDER/rendezvous-n)`` (``run_group``); exits with each failed
+    rank's status."""
     import torch_impl.sharding  # noqa: F401  (and torch, torch.distributed): what every rank runs
     import transformer_run.checkpoint  # noqa: F401
 
-    # forked on Linux; spawned elsewhere (macOS's system libraries are not safe to fork, and
-    # Windows cannot): each rank then imports torch itself
-    start = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     failed = []
     for size in GROUPS:
         out, rendezvous = f"{folder}/group-{size}.npz", f"{folder}/rendezvous-{size}"
-        ranks = [start.Process(target=child, args=(size, out, rank, rendezvous)) for rank in range(size)]
-        for rank in ranks:
-            rank.start()
-        while any(rank.exitcode is None for rank in ranks):
-            if any(rank.exitcode for rank in ranks):  # one failed: the others cannot finish
-                for rank in ranks:
-                    rank.terminate()
-            time.sleep(0.2)
-        failed += [
-            f"group of {size}: rank {r} exited with {rank.exitcode}" for r, rank in enumerate(ranks) if rank.exitcode
-        ]
+        failed += run_group(child, [(size, out, rank, rendezvous) for rank in range(size)])
     if failed:
         sys.exit("\n".join(failed))
 
