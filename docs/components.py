@@ -570,7 +570,7 @@ PAGES: tuple[Page, ...] = (
             "train.py: training_state, restore_training_state, _adam_moments, _set_adam_moments, "
             "_adam_moment_variables, _set_adam_step, dropout_streams, set_dropout_streams",
             "transformer_run/schedules.py: warmup_schedule",
-            "transformer_run/data_parallel.py: shard, shard_weights, rank_seed",
+            "transformer_run/data_parallel.py: shard, shard_weights",
             "data_parallel.py: data_parallel_loss_and_grads, data_parallel_train, _replica_sum, data_parallel_mesh, "
             "shard_batch, replicate, gather, data_parallel_train_step, _train_replica, _loss_and_grads_replica, "
             "_run, _process_group_backend, _spawn, _replica",
@@ -692,6 +692,13 @@ PAGES: tuple[Page, ...] = (
             "counted per step (`step_collectives`): the reference the engines' counts are held to. torch runs "
             "one process per device (`fully_shard`, `parallelize_module` on a `DeviceMesh`); JAX places each "
             "weight with a `NamedSharding` and lets the compiler insert the collectives.",
+            "Dropout: every device draws the one device's mask of the whole activation, from the one device's "
+            "stream where it stands, and keeps its own part (`WholeMaskDropout`, wrapped around each Dropout from "
+            "outside): its rows, and inside a tensor-parallel block its heads of the attention weights or its "
+            "hidden features. So a sharded run with dropout is the single-device run with the same seed, in every "
+            "backend, and a checkpoint's dropout streams are one device's. The price is random numbers: each "
+            "device draws all that one device draws (`step_dropout_draws`): on the paper's base model, 4 times "
+            "its share under FSDP 4, 2 under tensor parallel 4, 3 under FSDP 2 x TP 2.",
             "The engines do not run NumPy's collectives one for one, and the suite holds each difference to its "
             "reason. torch runs NumPy's exactly, in count and bytes: FSDP's all-gathers and reduce-scatters, and "
             "Megatron's all-reduces, once `BlockInput` makes each distinct input of a block one DTensor (alone, "
@@ -713,6 +720,12 @@ PAGES: tuple[Page, ...] = (
             "for each layer's weights whole, it gathered per tensor and, on the CPU, all-reduced each gradient "
             "whole and sliced it, with no reduce-scatter; data parallel's gradients it all-reduced tensor by "
             "tensor.",
+            "Checkpoints: each device writes its own shards in its framework's own format "
+            "(`torch.distributed.checkpoint`, Orbax, NumPy's file per device), into `step-N.partial`, committed "
+            "by one rename once all have written (`transformer_run.sharded_checkpoint`); each framework reads a "
+            "checkpoint saved under any plan into its own plan's shards, and `consolidate` makes one file "
+            "every backend resumes. No device holds more while saving than its own shards and the file's "
+            "bookkeeping.",
             "Memory per device under FSDP over 4 devices, against one device's weights, gradients and Adam "
             "moments: NumPy's peak, with one layer's weights and gradients gathered, is 0.28 at 12 layers; "
             "torch's fullest rank at the peak of a step on 12 layers at d_model 576, float32, measured by torch's "
@@ -732,21 +745,26 @@ PAGES: tuple[Page, ...] = (
             "sharding.py: sharded_train, sharded_loss_and_grads, step_collectives",
             "sharding.py: all_gather, reduce_scatter, all_reduce, _add_up, CollectiveLog",
             "sharding.py: TensorParallelAttention, TensorParallelFeedForward, local_attention, local_feed_forward",
+            "sharding.py: WholeMaskDropout, keep_own_parts, keep_own_heads_or_features, step_dropout_draws",
             "sharding.py: Device, ShardedUnit, DataAxis, Replica, ShardedRun, load_whole",
             "sharding.py: sharding_mesh, shard_model, weight_spec, weight_shardings, tensor_parallel_plan, "
             "_fsdp_dim, shard_optimizer, shard_batch, _keys, _canonical, _parameter_names, _device, _layers",
-            "sharding.py: gather_unit, _keep_all_but_moves, ShardedLayer, BatchRowsDropout, _stacks, wrap_units, "
+            "sharding.py: gather_unit, _keep_all_but_moves, ShardedLayer, _stacks, wrap_units, "
             "data_sharded_loss, _loss, "
             "_sharded_update, _sharded_loss_and_grads, _compile, _signature, _compiled_step, "
             "_checked, _rows, gather, sharded_train_step, sharded_backward, _sum_over, whole, sharded_logits",
             "sharding.py: _put, _placed",
-            "distributed.py: from_environment, initialize, free_port, _process, launch, _same, place, replicated, "
-            "local",
+            "distributed.py: from_environment, initialize, free_port, _process, launch, _launch_once, _same, place, "
+            "replicated, local",
+            "sharded_checkpoint.py: save, restore, restore_moments, whole_tensors",
+            "sharded_checkpoint.py: device_file, writers, device_tensors, whole_tensor, _transposed, state_dict, "
+            "_state_path, _weight_variable, _variables, _metadata, _check_shapes",
+            "sharding.py: _save_sharded",
             "sharding.py: _check_devices, _setup, _quiet, _loss_and_grads_rank, _logits_rank, _collectives_rank, "
             "_train_rank",
             "sharding.py: hlo_collectives, _group_size, step_program, step_memory, CollectiveCounter, "
             "_whole_buffer_bytes, _nbytes, _memory_rank",
-            "sharding.py: TensorParallelBlock, BlockInput, _closing_linear, _drops, _fold_streams, tensor_parallel_blocks, "
+            "sharding.py: TensorParallelBlock, BlockInput, _closing_linear, _drops, tensor_parallel_blocks, "
             "tensor_parallel_block",
         ),
         tests=("*sharding*",),
@@ -775,9 +793,32 @@ PAGES: tuple[Page, ...] = (
             "_keep_all_but_moves": "No counterpart: torch's FSDP frees a layer's gathered weights after its "
             "forward and gathers them again before its backward itself; NumPy's ShardedUnit does.",
             "ShardedLayer": "torch: fully_shard (torch's own, applied per layer); NumPy: ShardedUnit.",
-            "BatchRowsDropout": "No counterpart: each torch rank draws its own rows' masks from its generator; "
-            "NumPy's replicas draw theirs.",
+            # dropout: every device draws the one device's masks and keeps its part
+            "keep_own_parts": "JAX: wrap_units (the rows, inside the step's shard_map) and "
+            "keep_own_heads_or_features (the heads or features, inside a TensorParallelBlock's).",
+            "keep_own_heads_or_features": "No counterpart: NumPy's and torch's keep_own_parts wraps each "
+            "device's Dropouts with its heads or features too, before the run.",
+            "step_dropout_draws": "No counterpart: NumPy's simulated devices count their draws; torch's ranks "
+            "and JAX's devices draw the same whole masks (WholeMaskDropout).",
             "_stacks": "No counterpart: torch's and NumPy's plans name the layers (fsdp_units).",
+            # sharded checkpoints: each framework's own format
+            "restore_moments": "No counterpart: JAX puts whole moments back with restore_training_state and "
+            "places them by the plan (shard_optimizer).",
+            "device_file": "No counterpart: torch.distributed.checkpoint and Orbax name their own files.",
+            "writers": "No counterpart: torch.distributed.checkpoint and Orbax write each shard once themselves.",
+            "device_tensors": "No counterpart: torch's state_dict; JAX's _variables.",
+            "whole_tensor": "No counterpart: torch.distributed.checkpoint and Orbax read a tensor from its "
+            "shards themselves.",
+            "_transposed": "No counterpart: NumPy's and JAX's layout is the canonical one.",
+            "state_dict": "NumPy: device_tensors; JAX: _variables.",
+            "_state_path": "No counterpart: Orbax alone asks for an absolute path.",
+            "_weight_variable": "No counterpart: torch finds a weight by parent_of; NumPy's devices hold pieces "
+            "by name.",
+            "_variables": "NumPy: device_tensors; torch: state_dict.",
+            "_metadata": "No counterpart: torch.distributed.checkpoint checks the shapes as it reads.",
+            "_check_shapes": "No counterpart: as _metadata.",
+            "_save_sharded": "torch: inside _train_rank's save; NumPy: inside sharded_train's save.",
+            "_launch_once": "No counterpart: torchrun restarts torch's ranks; NumPy's devices are threads.",
             "wrap_units": "No counterpart: torch wraps the layers once, before training; NumPy's plan lists "
             "its units (fsdp_units).",
             "data_sharded_loss": "NumPy: Replica.loss_and_grads; torch: each rank's step (sharded_train_step).",
@@ -825,7 +866,6 @@ PAGES: tuple[Page, ...] = (
             "_drops": "No counterpart: torch's dropout draws from one global generator, which needs no update.",
             "_closing_linear": "No counterpart: torch's RowwiseParallel adds the bias after its all-reduce; "
             "NumPy's blocks hold it apart (output_bias).",
-            "_fold_streams": "No counterpart: each torch process draws from its own generator.",
             "tensor_parallel_blocks": "No counterpart: torch's parallelize_module wraps the blocks once, before "
             "training; NumPy's run builds its blocks.",
             "tensor_parallel_block": "No counterpart: one block run as a TensorParallelBlock, for the course.",

@@ -14,7 +14,8 @@ call ``jax.distributed.initialize()`` first in every process: ``jax.devices()`` 
 every machine's devices and the same code shards over all of them.
 
 Dropout: one random stream draws the mask of the whole global batch (jax's partitionable
-threefry), so the masks do not depend on N; the stream is seeded ``seed`` (``rank_seed(seed, 0)``).
+threefry), so the masks do not depend on N: they are the one device's, from the same seed, as every
+backend's replicas draw them (``transformer_run.data_parallel``).
 """
 
 from __future__ import annotations

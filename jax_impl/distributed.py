@@ -45,6 +45,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -120,36 +121,69 @@ def free_port() -> int:
 
 
 def _process(
-    target: Callable, args: tuple, coordinator: str, processes: int, rank: int, cpu_devices: int
+    target: Callable,
+    args: tuple,
+    coordinator: str,
+    processes: int,
+    rank: int,
+    cpu_devices: int,
+    restart: int = 0,
 ):
     """One spawned process: its place in the run in the environment (a program that starts
     processes of its own, or asks, finds it), ``initialize``, then ``target(*args)``."""
     place = {"coordinator": coordinator, "num_processes": str(processes), "process_id": str(rank)}
     os.environ.update({ENVIRONMENT[name]: value for name, value in place.items()})
+    os.environ[RESTART_COUNT] = str(restart)
     initialize(cpu_devices=cpu_devices)
     result = target(*args)
     raise SystemExit(result if isinstance(result, int) else 0)
 
 
+# How many times ``launch`` has started the job again (0 the first time), in each process's
+# environment, as torchrun's TORCHELASTIC_RESTART_COUNT: a restarted job resumes from its checkpoint
+RESTART_COUNT = "TRANSFORMER_REF_RESTART_COUNT"
+
+
 def launch(
-    target: Callable, *args, processes: int, cpu_devices: int, timeout: float | None = None
+    target: Callable,
+    *args,
+    processes: int,
+    cpu_devices: int,
+    timeout: float | None = None,
+    max_restarts: int = 0,
 ) -> int:
     """Run ``target(*args)`` in ``processes`` new local processes, each ``initialize``d as one of
     them (a coordinator on 127.0.0.1), with ``cpu_devices`` CPU devices each; -> 0 when every
     process exits 0, else the first failure's exit code (the others are stopped then: they would
     wait for it in their next collective); 124 after ``timeout`` seconds. ``target`` must be
-    importable (spawned processes start afresh; their output goes where this one's does)."""
+    importable (spawned processes start afresh; their output goes where this one's does).
+
+    ``max_restarts``: when a process fails, every process is stopped and the job started again,
+    up to this many times (as ``torchrun --max-restarts``), with a new coordinator and
+    ``RESTART_COUNT`` in the environment; the job resumes from its own checkpoint."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for restart in range(max_restarts + 1):
+        code = _launch_once(target, args, processes, cpu_devices, deadline, restart)
+        if code in (0, 124) or restart == max_restarts:
+            return code
+        print(f"a process of the job failed (exit status {code}): starting the job again "
+              f"(restart {restart + 1} of {max_restarts})", file=sys.stderr,
+              flush=True)  # fmt: skip
+    return code
+
+
+def _launch_once(target, args, processes, cpu_devices, deadline, restart) -> int:
     context = multiprocessing.get_context("spawn")  # fresh interpreters: JAX must not have started
     coordinator = f"127.0.0.1:{free_port()}"
     started = [
         context.Process(
-            target=_process, args=(target, args, coordinator, processes, rank, cpu_devices)
+            target=_process,
+            args=(target, args, coordinator, processes, rank, cpu_devices, restart),
         )
         for rank in range(processes)
     ]
     for process in started:
         process.start()
-    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
             codes = [process.exitcode for process in started]
@@ -161,10 +195,10 @@ def launch(
             if deadline is not None and time.monotonic() > deadline:
                 return 124
             time.sleep(0.05)
-    finally:
+    finally:  # SIGKILL: JAX catches SIGTERM (a preemption notice) and would wait in a collective
         for process in started:
             if process.is_alive():
-                process.terminate()
+                process.kill()
             process.join()
 
 

@@ -31,13 +31,21 @@ computed for the plan (``_loss``):
   the whole step, each encoder and decoder layer wrapped, from outside, in a ``ShardedLayer``,
   which under FSDP gathers its weights when it runs and again when the backward reaches it
   (``jax.checkpoint`` keeps the activations, not the whole weights), as torch's ``fully_shard``
-  does per layer. Dropout draws the whole batch's masks and keeps the device's rows
-  (``BatchRowsDropout``): one device's masks;
+  does per layer;
 - with tensor parallel each attention and feed-forward block is wrapped, from outside, in a
   ``TensorParallelBlock``: the block's own code on each device's shards, with Megatron's two
   communications written out (``pcast`` at the entrance, whose transpose all-reduces the input's
   gradient once; ``psum`` at the exit). With the batch split over ``data`` it runs inside that
   step's ``shard_map``; alone, in its own, over ``model``.
+
+Dropout: every device draws the one device's mask, of the whole activation, from the one device's
+stream (where the one device's stands) and keeps its own part (``WholeMaskDropout``): its rows of
+the batch, and inside a tensor-parallel block its heads of the attention weights or its hidden
+features of the feed-forward; where the activation is whole on every device of ``model`` (the
+embeddings' and each sub-layer's output), the whole width of its rows. So a sharded run with
+dropout is the single-device run with the same seed, and the streams (a checkpoint's) advance as
+one device's do. The price: each device draws the random bits of every device that shares the
+activation, N times its own part along an axis split N ways.
 
 ``step_collectives`` lists the collectives from the compiled program; the test of the collectives
 holds them to NumPy's written-out step, kind by kind, and says where they differ.
@@ -53,7 +61,9 @@ are a larger share (0.43; NumPy's written-out step, which counts no activations:
 
 A checkpoint is written from whole tensors (``to_params`` and ``training_state`` copy each
 array off the devices, which joins its shards), under the canonical names, so it loads into one
-device and into every backend.
+device and into every backend. A sharded checkpoint (``sharded_train``'s ``checkpoint_dir``:
+sharded_checkpoint.py, Orbax) writes the arrays as they are placed instead, each process its own
+shards, and ``resume`` reads one saved under any plan into the shards this plan places.
 
 Devices: as data_parallel.py's (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` on a CPU,
 set before JAX starts).
@@ -75,12 +85,15 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformer_run.batches import split_batch
+from transformer_run.faults import maybe_fail
+from transformer_run.sharded_checkpoint import ShardedCheckpoint
 from transformer_run.sharding import Plan, check_plan, placement
-from transformer_run.train import train_loop
+from transformer_run.train import TrainingState, train_loop
 from transformer_spec.checks import inputs_checked
 
 from . import distributed
@@ -91,7 +104,7 @@ from .loss import cross_entropy
 from .mixed_precision import keep_random_streams
 from .optim import Adam
 from .params import to_params
-from .train import restore_training_state, training_state
+from .train import dropout_streams, restore_training_state, set_dropout_streams, training_state
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -316,14 +329,18 @@ class ShardedLayer(nnx.Module):
         return out
 
 
-class BatchRowsDropout(nnx.Module):
-    """A Dropout, wrapped from outside, inside the step's ``shard_map``: it draws the mask of
-    the whole batch from the Dropout's own stream (the one device's mask) and keeps this device's
-    rows of it, so a sharded step drops what one device drops. Each device draws all N devices'
-    random bits: N times the random numbers, beside matmuls N times larger."""
+class WholeMaskDropout(nnx.Module):
+    """A Dropout, wrapped from outside, on one device of a plan (inside a ``shard_map``): it draws
+    the mask of the whole activation, every device's part of it, from the Dropout's own stream (the
+    one device's stream, where the one device's stands) and keeps this device's part, so a sharded
+    step drops what one device drops. ``parts``: (axis, mesh axis) for each way the activation is
+    split: the rows over ``data`` (axis 0), and inside a tensor-parallel block the heads of the
+    attention weights (axis 1) or the hidden features of the feed-forward (axis -1) over
+    ``model``; where the activation is whole on every model rank (the embeddings' and each
+    sub-layer's output) the rows alone. Each device draws every device's random bits."""
 
-    def __init__(self, dropout: Dropout):
-        self.dropout = dropout
+    def __init__(self, dropout: Dropout, parts: tuple[tuple[int, str], ...]):
+        self.dropout, self.parts = dropout, parts
 
     @property
     def rate(self) -> float:  # read by the fused kernels, which run only without dropout
@@ -336,10 +353,15 @@ class BatchRowsDropout(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         if not _drops(self.dropout):
             return self.dropout(x)
-        rate, rows = self.dropout.rate, x.shape[0]  # this device's rows
-        batch = (rows * jax.lax.axis_size("data"), *x.shape[1:])  # (B, ...): the whole batch
-        keep = jax.random.bernoulli(self.dropout.rngs(), 1.0 - rate, batch)  # (B, ...)
-        keep = jax.lax.dynamic_slice_in_dim(keep, jax.lax.axis_index("data") * rows, rows)  # like x
+        rate, whole = self.dropout.rate, list(x.shape)
+        for axis, mesh_axis in self.parts:
+            whole[axis] *= jax.lax.axis_size(mesh_axis)  # the activation on one device
+        # the one device's mask, as Dropout draws it: (...) the whole activation's
+        keep = jax.random.bernoulli(self.dropout.rngs(), 1.0 - rate, tuple(whole))
+        for axis, mesh_axis in self.parts:
+            size, axis = x.shape[axis], axis % x.ndim  # this device's part along it
+            start = jax.lax.axis_index(mesh_axis) * size
+            keep = jax.lax.dynamic_slice_in_dim(keep, start, size, axis)  # (...,) like x
         return jax.numpy.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)  # like x
 
 
@@ -349,7 +371,9 @@ def _stacks(model: nnx.Module) -> list[nnx.Module]:
 
 
 def wrap_units(model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan) -> Callable[[], None]:
-    """Inside the step's ``shard_map``: each Dropout of ``model`` a ``BatchRowsDropout``, each
+    """Inside the step's ``shard_map``: each Dropout of ``model`` a ``WholeMaskDropout`` that keeps
+    the device's rows (a tensor-parallel block adds its heads or features:
+    ``keep_own_heads_or_features``), each
     encoder and decoder layer a ``ShardedLayer``; -> a function that puts them back."""
     dropouts = [
         (module, name, child)
@@ -359,7 +383,7 @@ def wrap_units(model: nnx.Module, mesh: jax.sharding.Mesh, plan: Plan) -> Callab
         if isinstance(child, Dropout)
     ]
     for module, name, child in dropouts:
-        setattr(module, name, BatchRowsDropout(child))
+        setattr(module, name, WholeMaskDropout(child, ((0, "data"),)))
     stacks = _stacks(model)
     for stack in stacks:
         stack.layers = nnx.List([ShardedLayer(layer, mesh, plan) for layer in stack.layers])
@@ -542,10 +566,27 @@ def sharded_train(
     plan: Plan,
     checkpoint: Callable[[Any], None] | None = None,
     checkpoint_every: int = 0,
+    checkpoint_dir: str | None = None,
+    resume: ShardedCheckpoint | TrainingState | None = None,
+    run_record: dict | None = None,
 ) -> list[float]:
     """``train`` with the weights and Adam's moments sharded by ``plan``; the loop is
     ``transformer_run.train``'s (its ``checkpoint(state)`` receives whole tensors under the
-    canonical names)."""
+    canonical names).
+
+    ``checkpoint_dir``: a sharded checkpoint (``transformer_run.sharded_checkpoint``; the tensors
+    written by ``sharded_checkpoint.save``, each process its own shards, nothing gathered) every
+    ``checkpoint_every`` steps and after the last, ``run_record`` stored in its training.json.
+    ``resume``: a JAX sharded checkpoint (``transformer_run.sharded_checkpoint.read``) saved under
+    any plan: its weights and Adam's moments are read into the shards THIS plan places, and the
+    run goes on from its step, with its losses and dropout streams. Or a whole ``TrainingState`` (a
+    checkpoint file's, any backend's, ``consolidate``'s) whose weights ``model`` holds already."""
+    whole = resume if isinstance(resume, TrainingState) else None
+    resume = None if whole is not None else resume
+    if resume is not None and resume.framework != "jax":
+        raise ValueError(f"{resume.folder!r} is {resume.framework}'s sharded checkpoint, not JAX's")
+    if resume is not None and resume.config != model.config:
+        raise ValueError(f"{resume.folder!r} was saved from another model's config than this one's")
     for batch in batches:
         check_plan(model.config, plan, _rows(model, batch))
     mesh = sharding_mesh(plan)
@@ -569,6 +610,9 @@ def sharded_train(
                 _sharded_update, model, adam, inputs, targets,
                 label_smoothing=label_smoothing, mesh=mesh, plan=plan,
             )  # fmt: skip
+        # a process planned to die in this step does, as the others run it (they wait for it in
+        # its collectives until the launcher stops them)
+        maybe_fail("step", optimizer.t + 1, jax.process_index())
         return float(programs[key](model, adam, inputs, targets))
 
     state_of, save = training_state, checkpoint
@@ -589,13 +633,66 @@ def sharded_train(
                 shard_model(model, mesh, plan)
                 shard_optimizer(optimizer, mesh, plan)
 
+    if checkpoint_dir is not None:  # the sharded checkpoint first, from the arrays as placed
+        whole_state_of, whole_save = state_of, save
+
+        def state_of(model, optimizer: Adam, losses: list[float]):
+            light = TrainingState(optimizer.t, list(losses), {}, dropout_streams(model))
+            _save_sharded(checkpoint_dir, model, optimizer, plan, light, run_record or {})
+            return whole_state_of(model, optimizer, losses) if checkpoint is not None else light
+
+        def save(state) -> None:
+            if checkpoint is not None:
+                whole_save(state)
+
+    restore, resumed = restore_training_state, whole
+    if whole is not None:  # whole moments, put back as one device's, then placed by the plan
+
+        def restore(model, optimizer: Adam, state: TrainingState) -> None:
+            gather(optimizer.optimizer)  # whole, as the moments come: written in, not scattered
+            restore_training_state(model, optimizer, state)
+            shard_optimizer(optimizer, mesh, plan)
+
+    if resume is not None:  # weights, moments and Adam's step from the shards, placed by this plan
+        saved = resume.state
+        resumed = TrainingState(saved.step, list(saved.losses), {}, saved.dropout)
+
+        def restore(model, optimizer: Adam, state: TrainingState) -> None:
+            from .sharded_checkpoint import restore as restore_shards
+
+            restore_shards(resume.folder, model, optimizer, mesh, plan, state.step)
+            set_dropout_streams(model, state.dropout)
+
     try:
         return train_loop(
             model, optimizer, step, seed_dropout, sharded, steps, label_smoothing, callback,
-            seed, None, save, checkpoint_every, state_of, restore_training_state,
+            seed, resumed, save, checkpoint_every, state_of, restore,
         )  # fmt: skip
     finally:
         gather(model)
+
+
+def _save_sharded(directory: str, model, optimizer: Adam, plan: Plan, state, run: dict) -> None:
+    """Step ``state.step``'s sharded checkpoint in ``directory``: process 0 makes the staging
+    folder, every process writes its shards into it (``sharded_checkpoint.save``), and once all
+    have, process 0 commits it (training.json, then the rename that makes it the step's)."""
+    from transformer_run import sharded_checkpoint as folders
+
+    from .sharded_checkpoint import save as save_shards
+
+    across = jax.process_count() > 1
+    if jax.process_index() == 0:
+        folders.staging(directory, state.step)
+    if across:  # the folder made before any process writes into it
+        multihost_utils.sync_global_devices(f"sharded checkpoint {state.step}: staged")
+    save_shards(folders.step_folder(directory, state.step) + ".partial", model, optimizer)
+    maybe_fail("save", state.step, jax.process_index())  # its shards written, not committed
+    if across:  # every process's shards written before the commit
+        multihost_utils.sync_global_devices(f"sharded checkpoint {state.step}: saved")
+    if jax.process_index() == 0:
+        folders.commit(directory, "jax", model.config, plan, state, run)
+    if across:  # committed before any process goes on (and may read it, or save the next)
+        multihost_utils.sync_global_devices(f"sharded checkpoint {state.step}: committed")
 
 
 def _rows(model, batch: Mapping[str, Any]) -> int:
@@ -717,10 +814,9 @@ class TensorParallelBlock(nnx.Module):
 
     Inside the step's ``shard_map`` over the whole mesh (FSDP, data parallel: ``model`` is manual
     already) the block runs there, on the shards it was given; alone, in its own ``shard_map``
-    over ``model``. Dropout inside the block
-    (attention weights, the feed-forward's hidden features) draws each device's masks for its own
-    heads or features from its stream folded with the device's index along ``model``: independent
-    masks, not the single device's."""
+    over ``model``. Dropout inside the block (attention weights, the feed-forward's hidden
+    features) draws the one device's mask, of every head or feature, and keeps the device's own
+    (``keep_own_heads_or_features``): the single device's masks."""
 
     def __init__(self, block: nnx.Module, mesh: jax.sharding.Mesh):
         self.block, self.mesh = block, mesh
@@ -761,12 +857,12 @@ class TensorParallelBlock(nnx.Module):
             if bias is not None:
                 own = _closing_linear(block).bias
                 own[...] = jax.numpy.zeros(own.shape, own.dtype)  # added once, after "g"
-            streams = _fold_streams(block, jax.lax.axis_index("model"))
+            # (B, H, T_q, T_k): the device's heads; (B, T, d_ff): its hidden features
+            unwrap = keep_own_heads_or_features(block, 1 if attention else -1)
             with fused_kernels(False):  # the block's own code, on this device's shards
                 out = block(*[distinct[i] for i in where], *full)
+            unwrap()
             partial = out[0] if attention else out  # (B, T, d_model)
-            for stream, key in streams:  # the streams' own keys back (their counts advanced)
-                stream.key[...] = key
             return jax.lax.psum(partial, "model"), nnx.state(block, nnx.Not(nnx.Param))  # "g"
 
         if "model" in jax.sharding.get_abstract_mesh().manual_axes:
@@ -800,16 +896,20 @@ def _drops(module) -> bool:
     return isinstance(module, Dropout) and not module.deterministic and module.rate > 0
 
 
-def _fold_streams(block: nnx.Module, index: jax.Array) -> list:
-    """Each stream of ``block``'s Dropouts that draw masks keyed by its key folded with ``index``;
-    -> [(stream, its own key)], to put back."""
-    streams = []
-    for _, module in nnx.iter_graph(block):
-        if _drops(module):
-            key = module.rngs.key[...]
-            module.rngs.key[...] = jax.random.fold_in(key, index)
-            streams.append((module.rngs, key))
-    return streams
+def keep_own_heads_or_features(block: nnx.Module, axis: int) -> Callable[[], None]:
+    """Inside a ``TensorParallelBlock``'s ``shard_map``: the block's Dropout (on the attention
+    weights, or on the feed-forward's hidden features) a ``WholeMaskDropout`` that keeps the
+    device's part along ``axis`` over ``model`` (its heads, or its features), besides its rows
+    where the batch is split over ``data``; -> a function that puts it back."""
+    dropout = block.dropout
+    rows = dropout.parts if isinstance(dropout, WholeMaskDropout) else ()
+    inner = dropout.dropout if isinstance(dropout, WholeMaskDropout) else dropout
+    block.dropout = WholeMaskDropout(inner, (*rows, (axis, "model")))
+
+    def unwrap():
+        block.dropout = dropout
+
+    return unwrap
 
 
 def tensor_parallel_blocks(layer: nnx.Module, mesh: jax.sharding.Mesh) -> Callable[[], None]:
@@ -839,7 +939,6 @@ def tensor_parallel_block(block: nnx.Module, x: jax.Array, mesh: jax.sharding.Me
 
 
 __all__ = [
-    "BatchRowsDropout",
     "COMPILER_OPTIONS",
     "ShardedLayer",
     "data_sharded_loss",
@@ -856,6 +955,8 @@ __all__ = [
     "step_memory",
     "step_program",
     "TensorParallelBlock",
+    "WholeMaskDropout",
+    "keep_own_heads_or_features",
     "tensor_parallel_block",
     "tensor_parallel_blocks",
     "weight_spec",

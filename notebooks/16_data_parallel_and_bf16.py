@@ -194,9 +194,10 @@ print(f"one device:        loss {one_loss:.6f}")
 
 # %% [markdown]
 # Off by about as much as the gradient's largest element: the replica with 3 targets got the
-# same say as the one with 16. Dropout, the other thing replicas must get right, is in
-# `transformer_run.data_parallel.rank_seed`: replica $r$ draws its masks from its own seed,
-# or all replicas would drop the same features of their (different) rows.
+# same say as the one with 16. Dropout, the other thing replicas must get right: each replica
+# draws the one device's mask of the whole batch and keeps its rows (`WholeMaskDropout` in each
+# backend's `sharding.py`), so the run is the single device's from the same seed. Seeding each
+# replica from its rank would give another run for every $N$.
 #
 # ## bf16: float32's range, two to three digits
 #

@@ -4,30 +4,31 @@ weighted by its share of the GLOBAL count of non-pad targets (``transformer_run.
 
 That sum is the gradient of the single-device loss on the whole batch, which is what
 torch_impl's DistributedDataParallel processes and jax_impl's sharded step compute too.
-Dropout: shard r draws from its own streams, seeded ``rank_seed(seed, r)``, as torch's rank r
-does.
+Dropout: every replica draws the one device's masks, of the whole batch, from the one device's
+streams, and keeps its rows (sharding.py's ``WholeMaskDropout``), as torch's replicas do: with
+dropout too the replicas' step is the single-device step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
 from transformer_run.data_parallel import (
     batch_size,
     check_data_parallel,
-    rank_seed,
     shard,
     shard_weights,
 )
 from transformer_run.mixed_precision import check_compute_dtype
+from transformer_run.sharding import Plan
 from transformer_run.train import train_loop
 
 from .gradients import loss_and_grads
 from .layers import seed_dropout
 from .optim import Adam
+from .sharding import keep_own_parts
 from .train import dropout_streams, set_dropout_streams
 
 
@@ -42,7 +43,7 @@ def data_parallel_loss_and_grads(
     ``data_parallel`` replicas would: shard by shard, the gradients added up, each shard's
     weighted by its share of the global count of non-pad targets. ``compute_dtype="bfloat16"``:
     each shard's passes in bf16 (mixed_precision.py)."""
-    return _replica_sum(model, batch, data_parallel, label_smoothing, None, compute_dtype)
+    return _replica_sum(model, batch, data_parallel, label_smoothing, compute_dtype)
 
 
 def data_parallel_train(
@@ -63,24 +64,16 @@ def data_parallel_train(
     for batch in batches:
         check_data_parallel(batch_size(model.config, batch), data_parallel)
     optimizer = Adam(model, schedule)
-    streams = []  # each replica's dropout streams, where they stand
-
-    def seed_replicas(model, seed: int) -> None:
-        for rank in range(data_parallel):
-            seed_dropout(model, rank_seed(seed, rank))
-            streams.append(dropout_streams(model))
 
     def data_parallel_train_step(
         model, optimizer: Adam, batch: Mapping[str, np.ndarray], label_smoothing: float
     ):
-        loss, grads = _replica_sum(
-            model, batch, data_parallel, label_smoothing, streams, compute_dtype
-        )
+        loss, grads = _replica_sum(model, batch, data_parallel, label_smoothing, compute_dtype)
         optimizer.step(grads)
         return loss
 
     return train_loop(
-        model, optimizer, data_parallel_train_step, seed_replicas, batches, steps,
+        model, optimizer, data_parallel_train_step, seed_dropout, batches, steps,
         label_smoothing, callback, seed,
     )  # fmt: skip
 
@@ -90,21 +83,23 @@ def _replica_sum(
     batch: Mapping[str, np.ndarray],
     data_parallel: int,
     label_smoothing: float,
-    streams: list[Any] | None,
     compute_dtype: str | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
     """What the replicas' all-reduce adds up, one shard after another:
     sum_r weight_r * (loss_r, grads_r), weight_r = count_r / count. Not the mean of the shards'
     means, which weighs a shard full of padding as much as a full one."""
     weights = shard_weights(model.config, batch, data_parallel)
+    plan = Plan(data_parallel=data_parallel)
+    start = dropout_streams(model)  # where one device's streams stand: each replica starts there
     loss, grads = 0.0, {}
     for rank, weight in enumerate(weights):
-        if streams is not None:  # replica r's dropout masks come from its own streams
-            set_dropout_streams(model, streams[rank])
+        set_dropout_streams(model, start)
+        unwrap = keep_own_parts(model, plan, rank)  # replica r's rows of the whole batch's masks
         rows = shard(model.config, batch, rank, data_parallel)  # replica r's rows
-        shard_loss, shard_grads = loss_and_grads(model, rows, label_smoothing, compute_dtype)
-        if streams is not None:
-            streams[rank] = dropout_streams(model)
+        try:
+            shard_loss, shard_grads = loss_and_grads(model, rows, label_smoothing, compute_dtype)
+        finally:
+            unwrap()
         loss += weight * shard_loss
         for name, grad in shard_grads.items():
             # like the weight

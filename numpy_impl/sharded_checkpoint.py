@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 from safetensors import safe_open
 
+from transformer_run.faults import maybe_fail
 from transformer_run.sharded_checkpoint import ShardedCheckpoint
 from transformer_run.sharding import Plan, join, piece, plan_weights
 from transformer_spec.config import Config
@@ -55,13 +56,15 @@ def device_tensors(device) -> dict[str, np.ndarray]:
 
 
 def save(folder: str, run) -> None:
-    """Every writing device of the ``ShardedRun`` ``run`` writes its file into ``folder``."""
+    """Every writing device of the ``ShardedRun`` ``run`` writes its file into ``folder`` (one after
+    another: a device planned to die in the middle of the save does so once its file is written)."""
     for rank, f, t in writers(run.plan):
         device = run.replicas[f].devices[t]
         write_safetensors(device_file(folder, rank), device_tensors(device), {"format": FORMAT})
+        maybe_fail("save", run.t, rank, kill=False)
 
 
-def whole(folder: str, config: Config, plan: Plan, name: str) -> np.ndarray:
+def whole_tensor(folder: str, config: Config, plan: Plan, name: str) -> np.ndarray:
     """The whole tensor ``name`` (a weight, or ``optimizer.m.<weight>``...) joined from the pieces
     the devices of ``plan`` saved in ``folder``."""
     weight = name.split(".", 2)[2] if name.startswith("optimizer.") else name
@@ -83,7 +86,7 @@ def restore(checkpoint: ShardedCheckpoint, run) -> None:
     for name, where in run.weights.items():
         stored_as = [(name, "params")] + [(f"optimizer.{w}.{name}", w) for w in MOMENTS]
         for stored, attribute in stored_as:
-            value = whole(checkpoint.folder, checkpoint.config, checkpoint.plan, stored)
+            value = whole_tensor(checkpoint.folder, checkpoint.config, checkpoint.plan, stored)
             for d, replica in enumerate(run.replicas):
                 for t, device in enumerate(replica.devices):
                     getattr(device, attribute)[name][...] = piece(value, where, run.plan, d, t)
@@ -109,9 +112,9 @@ def whole_tensors(
     ("m.<name>", "v.<name>")."""
     params, moments = {}, {}
     for name in plan_weights(checkpoint.config, checkpoint.plan):
-        params[name] = whole(checkpoint.folder, checkpoint.config, checkpoint.plan, name)
+        params[name] = whole_tensor(checkpoint.folder, checkpoint.config, checkpoint.plan, name)
         for which in MOMENTS:
-            moments[f"{which}.{name}"] = whole(
+            moments[f"{which}.{name}"] = whole_tensor(
                 checkpoint.folder, checkpoint.config, checkpoint.plan, f"optimizer.{which}.{name}"
             )
     return params, moments

@@ -26,6 +26,14 @@ A training step on a (data, model) mesh:
   model ranks of a data rank run in turn inside its thread.
 - Adam: each device updates its own pieces with its own pieces of the gradient and of the moments.
   Adam works element by element, so that is the whole update, sliced.
+- Dropout: every device draws the one device's mask of the whole activation, from its copy of the
+  one device's stream (where the one device's stands), and keeps its own part
+  (``WholeMaskDropout``): its rows of the batch, and inside a tensor-parallel block its heads of
+  the attention weights or its hidden features of the feed-forward; where the activation is whole
+  on every model rank (the embeddings' and each sub-layer's output), the whole width of its rows.
+  So a sharded run with dropout is the single-device run with the same seed, and a checkpoint's
+  streams are one device's. The price: each device draws the random numbers of every device that
+  shares the activation (``step_dropout_draws`` counts them).
 
 ``step_collectives`` counts what device 0 runs in one step: the reference the engines' counts
 are compared with. Each ``Device`` records the bytes it holds (its pieces of the weights, the
@@ -35,6 +43,7 @@ its peak.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,8 +51,11 @@ from typing import Any
 import numpy as np
 from numpy import ndarray as Array
 
+from transformer_run import sharded_checkpoint
 from transformer_run.batches import split_batch
-from transformer_run.data_parallel import batch_size, rank_seed, shard, token_count
+from transformer_run.data_parallel import batch_size, shard, token_count
+from transformer_run.faults import LostDeviceError, maybe_fail
+from transformer_run.sharded_checkpoint import ShardedCheckpoint
 from transformer_run.sharding import (
     COLUMN,
     ROW,
@@ -58,15 +70,16 @@ from transformer_run.sharding import (
 from transformer_run.train import TrainingState, train_loop
 from transformer_spec import param_schema, parent_of
 
+from . import sharded_checkpoint as numpy_checkpoint
 from .attention import MultiHeadAttention
 from .checks import weights_dtype
 from .feed_forward import GatedFeedForward, PositionwiseFeedForward, make_feed_forward
-from .layers import Linear, seed_dropout
+from .layers import Dropout, Linear, seed_dropout
 from .loss import cross_entropy, cross_entropy_backward
 from .module import Module, enable_grad, named_submodules, with_prefix
 from .params import build_model, to_params
 from .positional import RotaryEmbedding
-from .train import dropout_streams
+from .train import dropout_streams, set_dropout_streams
 
 
 # --------------------------------------------------------------------------- the collectives
@@ -236,6 +249,87 @@ def local_feed_forward(ffn, tensor_parallel: int):
     return local
 
 
+# ---------------------------------------------------------------------------- dropout on a device
+class WholeMaskDropout(Module):
+    """A Dropout, wrapped from outside, on one device of a plan: it draws the mask of the whole
+    activation, every device's part of it, from its stream (each device's copy of the one device's
+    stream, where the one device's stands) and keeps this device's part, so a sharded step drops
+    what one device drops. ``parts``: (axis, devices along it, this device's index) for each way
+    the activation is split: the data rank's rows (axis 0), and inside a tensor-parallel block the
+    model rank's heads of the attention weights (axis 1) or hidden features of the feed-forward
+    (axis -1); where the activation is whole on every model rank (the embeddings' and each
+    sub-layer's output) the rows alone. Each device draws every device's random numbers: ``log``
+    (device 0's) records (drawn, kept) for each mask."""
+
+    def __init__(self, dropout: Dropout, parts: tuple[tuple[int, int, int], ...], log: list | None):
+        super().__init__()
+        self.dropout, self.parts, self.log = dropout, parts, log
+
+    @property
+    def rate(self) -> float:  # read by the fused kernels, which run only without dropout
+        return self.dropout.rate
+
+    @property
+    def training(self) -> bool:
+        return self.dropout.training
+
+    @training.setter
+    def training(self, mode: bool) -> None:  # model.train() and model.eval() set it
+        self.dropout.training = mode
+
+    @property
+    def saved(self):  # the multiplier the attention's backward reads
+        return self.dropout.saved
+
+    def __call__(self, x: Array) -> Array:
+        dropout = self.dropout
+        if not dropout.training or dropout.rate == 0:
+            return dropout(x)  # nothing dropped
+        whole = list(x.shape)
+        for axis, devices, _ in self.parts:
+            whole[axis] *= devices  # the activation on one device
+        keep = dropout.rng.random(whole) >= dropout.rate  # the one device's mask, as Dropout's
+        for axis, devices, index in self.parts:
+            keep = np.split(keep, devices, axis=axis)[index]  # (...,) like x: this device's part
+        multiplier = keep.astype(x.dtype) / (1.0 - dropout.rate)  # (...,) like x
+        dropout.keep(multiplier=multiplier)  # for its backward
+        if self.log is not None:
+            self.log.append((int(np.prod(whole)), keep.size))
+        return x * multiplier  # (...,) like x
+
+    def backward(self, grad_output: Array) -> tuple[Array, dict]:
+        return self.dropout.backward(grad_output)
+
+
+def keep_own_parts(
+    model, plan: Plan, data_rank: int, log: list | None = None
+) -> Callable[[], None]:
+    """Each Dropout of data rank ``data_rank``'s ``model`` a ``WholeMaskDropout`` that keeps its
+    device's part of the one device's mask: the data rank's rows, and inside each tensor-parallel
+    block each model rank's heads or hidden features. ``log``: device 0's draws. -> a function that
+    puts the Dropouts back."""
+    rows = ((0, plan.data, data_rank),)
+    wrapped = []  # (module, attribute, the Dropout)
+    for _, module in named_submodules(model):
+        if isinstance(module, (TensorParallelAttention, TensorParallelFeedForward)):
+            # (B, H, T_q, T_k): its heads; (B, T, d_ff): its hidden features
+            axis = 1 if isinstance(module, TensorParallelAttention) else -1
+            for t, rank in enumerate(module.ranks):
+                parts = (*rows, (axis, plan.tensor_parallel, t))
+                wrapped.append((rank, "dropout", rank.dropout))
+                rank.dropout = WholeMaskDropout(rank.dropout, parts, log if t == 0 else None)
+        for attr, child in list(vars(module).items()):
+            if isinstance(child, Dropout):  # whole on every model rank: the rows alone
+                wrapped.append((module, attr, child))
+                setattr(module, attr, WholeMaskDropout(child, rows, log))
+
+    def unwrap() -> None:
+        for module, attr, dropout in wrapped:
+            setattr(module, attr, dropout)
+
+    return unwrap
+
+
 # ------------------------------------------------------------------------------ the devices
 class Device:
     """What one device keeps: its piece of every weight, of its gradient and of Adam's two moments,
@@ -336,19 +430,22 @@ class Replica:
         ]
         self.model = build_model(run.config, params)
         log = run.log if data_rank == 0 else None  # count device 0's collectives
+        # each Dropout's copies on this data rank's devices, in the one device's order (its streams)
+        dropouts = [m for _, m in named_submodules(self.model) if isinstance(m, Dropout)]
+        copies = {id(dropout): [dropout] for dropout in dropouts}
         if plan.tensor_parallel > 1:
             for _, module in named_submodules(self.model):
                 for attr, child in list(vars(module).items()):
                     if isinstance(child, MultiHeadAttention):
-                        setattr(
-                            module, attr, TensorParallelAttention(child, plan.tensor_parallel, log)
-                        )
+                        block = TensorParallelAttention(child, plan.tensor_parallel, log)
                     elif isinstance(child, (PositionwiseFeedForward, GatedFeedForward)):
-                        setattr(
-                            module,
-                            attr,
-                            TensorParallelFeedForward(child, plan.tensor_parallel, log),
-                        )
+                        block = TensorParallelFeedForward(child, plan.tensor_parallel, log)
+                    else:
+                        continue
+                    setattr(module, attr, block)
+                    copies[id(child.dropout)] = [rank.dropout for rank in block.ranks]  # one each
+        self.dropouts = [copies[id(dropout)] for dropout in dropouts]
+        keep_own_parts(self.model, plan, data_rank, run.draws if data_rank == 0 else None)
         for unit, _ in run.units[:-1]:  # each layer; the rest is gathered around the whole step
             stack, index = unit.rsplit(".", 1)
             layers = getattr(self.model, stack.split(".")[0]).layers
@@ -486,8 +583,22 @@ class ShardedRun:
         self.unit_names = dict(self.units)
         self.data_axis = DataAxis(plan, self.log)
         self.t = 0  # Adam's step
+        self.draws: list[tuple[int, int]] = []  # device 0's dropout masks: (drawn, kept) numbers
         params = to_params(model)
         self.replicas = [Replica(self, d, params) for d in range(plan.data)]
+
+    def dropout_streams(self) -> list[Any]:
+        """Each Dropout's random stream where it stands, as one device's ``dropout_streams`` gives
+        them: device 0's copies, where every device's stand (each drew the one device's masks)."""
+        return [copies[0].rng.bit_generator.state for copies in self.replicas[0].dropouts]
+
+    def set_dropout_streams(self, streams: list[Any]) -> None:
+        """Every device's copy of each Dropout's stream put where ``streams`` (one device's
+        ``dropout_streams``) say: the next masks are those one device would draw."""
+        for replica in self.replicas:
+            for copies, stream in zip(replica.dropouts, streams, strict=True):
+                for dropout in copies:
+                    dropout.rng.bit_generator.state = stream
 
     def piece_shape(self, name: str) -> tuple[int, ...]:
         shape, where = list(self.shapes[name]), self.weights[name]
@@ -570,6 +681,8 @@ class ShardedRun:
 
     def step(self, batch: Mapping[str, Array], label_smoothing: float = 0.0) -> float:
         loss, _ = self.loss_and_grads(batch, label_smoothing)
+        for rank in range(self.plan.devices):  # a device planned to die here does, between
+            maybe_fail("step", self.t + 1, rank, kill=False)  # its gradients and its update
         self.adam_step()
         return loss
 
@@ -583,7 +696,8 @@ class ShardedRun:
                 for f in range(self.plan.fsdp)
                 for t in range(self.plan.tensor_parallel)
             }
-            out[name] = join(pieces, where, self.plan)
+            # a copy: a weight split nowhere is the device's own array, which Adam updates in place
+            out[name] = np.array(join(pieces, where, self.plan))
         return out
 
     def peak_bytes(self) -> list[int]:
@@ -613,6 +727,26 @@ def step_collectives(
     return run.log.summary()
 
 
+def step_dropout_draws(
+    model, batch: Mapping[str, Array], plan: Plan, label_smoothing: float = 0.0
+) -> dict[str, int]:
+    """What device 0 draws for its dropout masks in one training step, from ``model``'s streams
+    where they stand (the model is not changed): {"masks": how many, "drawn": the random numbers
+    drawn, the whole activations' (one device's), "kept": those of its own part}. NumPy draws one
+    float64, 64 random bits, per number."""
+    check_plan(model.config, plan, batch_size(model.config, batch))
+    run = ShardedRun(model, plan)
+    run.set_dropout_streams(dropout_streams(model))
+    for replica in run.replicas:
+        replica.model.train()
+    run.step(batch, label_smoothing)
+    return {
+        "masks": len(run.draws),
+        "drawn": sum(drawn for drawn, _ in run.draws),
+        "kept": sum(kept for _, kept in run.draws),
+    }
+
+
 def sharded_train(
     model,
     batches: Sequence[Mapping[str, Array]],
@@ -625,20 +759,34 @@ def sharded_train(
     plan: Plan,
     checkpoint: Callable[[TrainingState], None] | None = None,
     checkpoint_every: int = 0,
+    checkpoint_dir: str | None = None,
+    resume: ShardedCheckpoint | TrainingState | None = None,
+    run_record: dict[str, Any] | None = None,
+    max_restarts: int = 0,
 ) -> list[float]:
     """``train`` with the weights, gradients and Adam's moments spread over ``plan``'s devices; the
     loop is ``transformer_run.train``'s. ``model`` holds the trained weights, whole, at the end
-    (and at every ``checkpoint(state)``, whose moments are whole too)."""
+    (and at every ``checkpoint(state)``, whose moments are whole too).
+
+    ``checkpoint_dir``: a sharded checkpoint there at the same steps (each device writes its own
+    pieces; ``transformer_run.sharded_checkpoint``), with ``run_record`` in its training.json.
+    ``resume``: a NumPy sharded checkpoint saved under any plan (``sharded_checkpoint.read``): the
+    run goes on from its step, each device taking the pieces of ``plan`` from it. Or a whole
+    ``TrainingState`` (a checkpoint file's, any backend's) whose weights ``model`` holds already.
+
+    ``max_restarts``: a device lost (``LostDeviceError``: ``transformer_run.faults``) ends the
+    run, or, up to this many times, restarts it from the newest committed checkpoint in
+    ``checkpoint_dir`` (from the start where there is none yet), as torchrun restarts a job."""
     for batch in batches:
         check_plan(model.config, plan, batch_size(model.config, batch))
     run = ShardedRun(model, plan, schedule)
+    start = to_params(model) if max_restarts else None  # a restart without a checkpoint: from here
 
     def seed_replicas(model, seed: int) -> None:
-        for d, replica in enumerate(run.replicas):
+        seed_dropout(model, seed)  # the one device's streams: every device draws from a copy
+        run.set_dropout_streams(dropout_streams(model))
+        for replica in run.replicas:
             replica.model.train()
-            seed_dropout(
-                replica.model, rank_seed(seed, d)
-            )  # data rank d's masks, as data_parallel.py
 
     def sharded_train_step(model, run: ShardedRun, batch, label_smoothing: float) -> float:
         return run.step(batch, label_smoothing)
@@ -647,16 +795,66 @@ def sharded_train(
         load_whole(model, run.whole())
         moments = {f"m.{n}": m for n, m in run.whole("m").items()}
         moments |= {f"v.{n}": v for n, v in run.whole("v").items()}
-        # the model's own streams: a checkpoint resumes on one device (the replicas drew their own)
-        return TrainingState(run.t, list(losses), moments, dropout_streams(model))
+        # every device drew the one device's masks: its streams stand where one device's would
+        return TrainingState(run.t, list(losses), moments, run.dropout_streams())
 
+    def state_of(model, run: ShardedRun, losses: list[float]) -> TrainingState:
+        """Nothing gathered: the moments stay in the devices (whole only for ``checkpoint``)."""
+        # every device draws the one device's masks: device 0's streams are the run's
+        return TrainingState(run.t, list(losses), {}, run.dropout_streams())
+
+    def save(state: TrainingState) -> None:
+        if checkpoint_dir is not None:
+            folder = sharded_checkpoint.staging(checkpoint_dir, state.step)
+            numpy_checkpoint.save(folder, run)
+            record = run_record or {}
+            sharded_checkpoint.commit(checkpoint_dir, "numpy", run.config, plan, state, record)
+        if checkpoint is not None:
+            checkpoint(whole_state(model, run, state.losses))
+
+    def restore(model, run: ShardedRun, state: TrainingState) -> None:
+        if isinstance(resume, ShardedCheckpoint):
+            numpy_checkpoint.restore(resume, run)
+        else:
+            numpy_checkpoint.restore_moments(state, run)
+        if run.config.dropout > 0:  # without dropout no stream is read
+            run.set_dropout_streams(state.dropout)
+
+    if isinstance(resume, ShardedCheckpoint) and resume.framework != "numpy":
+        raise ValueError(
+            f"{resume.folder!r} is a {resume.framework} checkpoint: consolidate it into one file "
+            "(transformer-ref checkpoint consolidate) to continue it in numpy"
+        )
+    saving = checkpoint is not None or checkpoint_dir is not None
+    restarts = 0
     try:
-        return train_loop(
-            model, run, sharded_train_step, seed_replicas, batches, steps, label_smoothing,
-            callback, seed, None, checkpoint, checkpoint_every, whole_state,
-        )  # fmt: skip
+        while True:
+            try:
+                return train_loop(
+                    model, run, sharded_train_step, seed_replicas, batches, steps, label_smoothing,
+                    callback, seed,
+                    resume.state if isinstance(resume, ShardedCheckpoint) else resume,
+                    save if saving else None, checkpoint_every, state_of, restore,
+                )  # fmt: skip
+            except LostDeviceError as lost:
+                if restarts == max_restarts:
+                    raise
+                restarts += 1
+                found = sharded_checkpoint.latest(checkpoint_dir) if checkpoint_dir else None
+                if found is not None:
+                    resume = sharded_checkpoint.read(found)
+                load_whole(model, start)  # the run as it began; the checkpoint, if any, on top
+                run = ShardedRun(model, plan, schedule)
+                where = f"step {resume.state.step}'s checkpoint" if found else "the start"
+                _log.warning("%s: restarting from %s (restart %d of %d)", lost, where, restarts,
+                             max_restarts)  # fmt: skip
     finally:
         load_whole(model, run.whole())
+        if run.t:  # and its streams, where one device's stand after the same steps
+            set_dropout_streams(model, run.dropout_streams())
+
+
+_log = logging.getLogger(__name__)
 
 
 def load_whole(model, params: Mapping[str, Array]) -> None:
@@ -675,10 +873,13 @@ __all__ = [
     "ShardedRun",
     "TensorParallelAttention",
     "TensorParallelFeedForward",
+    "WholeMaskDropout",
     "all_gather",
     "all_reduce",
+    "keep_own_parts",
     "reduce_scatter",
     "sharded_loss_and_grads",
     "sharded_train",
     "step_collectives",
+    "step_dropout_draws",
 ]

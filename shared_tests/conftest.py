@@ -179,7 +179,7 @@ SLOW = {
     # JAX's sharded runs: two child processes on 4 simulated devices, which every test waits for
     "sharding/test_jax_sharding.py": {
         "test_a_sharded_runs_checkpoint_holds_whole_tensors_every_backend_loads",
-        "test_dropout_under_fsdp_draws_one_devices_masks_and_inside_tensor_parallel_blocks_each_devices_own",
+        "test_with_dropout_every_plan_is_the_single_device_run_with_the_same_seed",
         "test_every_plan_gives_the_single_device_loss_and_gradients",
         "test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them",
         "test_the_shard_map_blocks_equal_the_jit_blocks_and_one_device_with_megatrons_all_reduces",
@@ -196,6 +196,32 @@ SLOW = {
         "test_every_process_computes_the_same_numbers",
         "test_twenty_adam_steps_across_processes_give_the_single_device_losses_and_weights",
     },
+    # torch across nodes: two torchrun invocations of 2 gloo ranks each, which every test waits for
+    "sharding/test_torch_nodes.py": {
+        "test_each_plan_across_nodes_gives_the_single_device_loss_and_gradients",
+        "test_the_ranks_span_two_nodes_and_compute_the_same_numbers",
+        "test_twenty_adam_steps_across_nodes_give_the_single_device_losses_and_weights",
+    },
+    # torch's sharded checkpoints: groups of 2, 4, 2 and 1 gloo ranks forked by one launcher, saving and resuming
+    "sharding/test_torch_checkpoints.py": {
+        "test_torch_s_checkpoint_saved_under_one_plan_resumes_under_another",
+        "test_torch_s_checkpoint_consolidated_resumes_in_numpy",
+        "test_torch_s_checkpoint_holds_each_rank_s_shards_and_consolidates",
+        "test_numpy_s_checkpoint_consolidated_resumes_in_torch_under_a_plan",
+        "test_saving_under_fsdp_4_holds_each_rank_s_own_shards",
+    },
+    # JAX's sharded checkpoints, computed in test_jax_sharding.py's child for the Llama-style decoder
+    "sharding/test_jax_checkpoints.py": {
+        "test_the_uninterrupted_run_is_the_reference_single_devices",
+        "test_a_run_saved_under_one_plan_resumes_under_another_as_if_never_stopped",
+        "test_numpy_s_checkpoint_consolidated_resumes_in_jax_under_each_plan",
+        "test_jax_s_checkpoint_consolidated_resumes_in_numpy",
+        "test_restore_places_every_weight_and_moment_as_the_new_plan_does_and_sets_adams_step",
+        "test_whole_tensors_reads_the_saved_weights_and_moments_by_their_canonical_names",
+        "test_a_save_killed_before_its_commit_is_never_read",
+    },
+    # a lost rank: three torchrun jobs and three jobs of 2 JAX processes, each restarted once
+    "sharding/test_lost_rank.py": {"test_a_job_that_loses_a_rank_ends_bit_for_bit_where_the_uninterrupted_one_ends"},
     # each chapter of the course in a fresh kernel (the real SmolLM2 chapter the longest), JupyterLab in Chromium
     "notebooks/test_notebooks.py": {
         "test_the_chapter_runs_top_to_bottom",

@@ -13,7 +13,9 @@ The loss is normalised by the GLOBAL count of non-pad targets: each process all-
 count, weighs its shard's mean by ``count_r / count``, and multiplies by the number of
 replicas, because DDP averages the gradients where the loss needs their sum.
 
-Dropout: each process seeds torch's global generator with ``rank_seed(seed, rank)``.
+Dropout: each process seeds torch's global generator with the run's seed, as one device does,
+draws the one device's mask of the whole batch and keeps its rows (sharding.py's
+``WholeMaskDropout``): with dropout too the replicas' step is the single-device step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import itertools
 import os
 import pickle
 import sys
@@ -38,12 +41,12 @@ from transformer_run.batches import split_batch
 from transformer_run.data_parallel import (
     batch_size,
     check_data_parallel,
-    rank_seed,
     rate_table,
     shard,
     table_schedule,
 )
 from transformer_run.mixed_precision import check_compute_dtype
+from transformer_run.sharding import Plan
 from transformer_run.train import train_loop
 from transformer_spec import param_schema, parent_of
 
@@ -55,6 +58,7 @@ from .params import _to_torch_layout, build_model, to_params
 
 # a replica that never arrives fails the run, not hangs it
 START_TIMEOUT = datetime.timedelta(seconds=120)
+_TORCHRUN_GROUPS = itertools.count()  # the process groups _run has made under torchrun
 
 
 def data_parallel_loss_and_grads(
@@ -122,7 +126,16 @@ def _run(job, model, data_parallel: int, *args) -> Any:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         device = next(model.parameters()).device
         backend = _process_group_backend(device)
-        dist.init_process_group(backend, init_method="env://", timeout=START_TIMEOUT)
+        # torchrun's store outlives each group made here, and a new group's keys are the last
+        # one's (its name restarts once the group is gone): the next call's ranks would read the
+        # last group's addresses. Each group its own keys, numbered alike on every rank, and
+        # apart from those of the job's earlier attempts (torchrun --max-restarts keeps the store)
+        store, rank, world = next(dist.rendezvous("env://", timeout=START_TIMEOUT))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"torch_impl-{attempt}-{next(_TORCHRUN_GROUPS)}", store)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world, timeout=START_TIMEOUT
+        )
         try:
             return _run(job, model, data_parallel, *args)
         finally:
@@ -177,6 +190,9 @@ def _train_replica(
     seed,
     compute_dtype=None,
 ) -> tuple[list[float], dict[str, np.ndarray]]:
+    from .sharding import keep_own_parts  # here: sharding.py imports this file
+
+    keep_own_parts(model, Plan(data_parallel=data_parallel), rank)  # its rows of one device's masks
     # broadcasts rank 0's weights: every replica starts equal
     replica = DistributedDataParallel(model)
     optimizer = Adam(model, functools.partial(table_schedule, rates))
@@ -186,8 +202,7 @@ def _train_replica(
         data_parallel=data_parallel,
         compute_dtype=compute_dtype,
     )
-    seed_replica = lambda model, seed: seed_dropout(model, rank_seed(seed, rank))  # noqa: E731
-    losses = train_loop(replica, optimizer, step, seed_replica, batches, steps, label_smoothing,
+    losses = train_loop(replica, optimizer, step, seed_dropout, batches, steps, label_smoothing,
                         callback if rank == 0 else None, seed)  # fmt: skip
     return losses, to_params(model)  # NumPy arrays, on the host
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -115,7 +116,9 @@ def whole_tensors(
         key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
         for key, meta in metadata.items()
     }
-    dcp.load(state, checkpoint_id=path, no_dist=True)
+    with warnings.catch_warnings():  # that there is no process group: none is meant
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=path, no_dist=True)
     with open(os.path.join(checkpoint.folder, LAYOUT_FILE), encoding="utf-8") as f:
         transposed = set(json.load(f))
     params, moments = {}, {}

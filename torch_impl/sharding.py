@@ -25,9 +25,14 @@ because both engines average the gradients where the loss needs their sum.
 Launched like data_parallel.py: by ``sharded_train`` itself (``torch.multiprocessing.spawn``, the
 processes meeting through a file), or under ``torchrun`` with one process per device.
 
-Dropout: each process seeds torch's global generator with ``rank_seed(seed, data rank)``. Under
-tensor parallel a rank holds only its own heads and hidden features, so its masks are not the
-single device's: a sharded run equals one device's without dropout.
+Dropout: every process seeds torch's global generator with the run's seed, as one device does,
+draws the one device's mask of the whole activation and keeps its own part (``WholeMaskDropout``):
+its rows of the batch, and inside a tensor-parallel block its heads of the attention weights or its
+hidden features of the feed-forward; where the activation is whole on every device of ``model``
+(the embeddings' and each sub-layer's output), the whole width of its rows. So a sharded run with
+dropout is the single-device run with the same seed, and the generator (a checkpoint's streams)
+advances as one device's does. The price: each device draws the random numbers of every device
+that shares the activation, N times its own part along an axis split N ways.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -55,19 +61,25 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from transformer_run import sharded_checkpoint
 from transformer_run.batches import split_batch
-from transformer_run.data_parallel import batch_size, rank_seed, rate_table, shard, table_schedule
+from transformer_run.data_parallel import batch_size, rate_table, shard, table_schedule
+from transformer_run.faults import maybe_fail
+from transformer_run.sharded_checkpoint import ShardedCheckpoint
 from transformer_run.sharding import COLUMN, ROW, Plan, check_plan, plan_weights
 from transformer_run.train import TrainingState, train_loop
 from transformer_spec import param_schema, parent_of
 
+from . import sharded_checkpoint as torch_checkpoint
+from .attention import MultiHeadAttention
 from .data_parallel import _run
+from .feed_forward import GatedFeedForward, PositionwiseFeedForward
 from .kernels import fused_kernels
-from .layers import seed_dropout
+from .layers import Dropout, seed_dropout
 from .loss import cross_entropy
 from .optim import Adam
 from .params import _to_torch_layout
-from .train import dropout_streams
+from .train import dropout_streams, set_dropout_streams
 
 
 def sharding_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
@@ -146,6 +158,58 @@ class BlockInput(ParallelStyle):
         return module
 
 
+class WholeMaskDropout(torch.nn.Module):
+    """A Dropout, wrapped from outside, on one device of a plan (this process): it draws the mask
+    of the whole activation, every device's part of it, from torch's generator (seeded as the one
+    device's, where the one device's stands) and keeps this device's part, so a sharded step drops
+    what one device drops. ``parts``: (axis, devices along it, this device's index) for each way the
+    activation is split: the data rank's rows (axis 0), and inside a tensor-parallel block the
+    model rank's heads of the attention weights (axis 1) or hidden features of the feed-forward
+    (axis -1); where the activation is whole on every model rank (the embeddings' and each
+    sub-layer's output) the rows alone. Each device draws every device's random numbers."""
+
+    def __init__(self, dropout: Dropout, parts: tuple[tuple[int, int, int], ...]):
+        super().__init__()
+        self.dropout, self.parts = dropout, parts
+        self.training = dropout.training  # as model.train() and model.eval() set both
+
+    @property
+    def rate(self) -> float:  # read by the fused kernels, which run only without dropout
+        return self.dropout.rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.dropout.training or self.rate == 0:
+            return self.dropout(x)  # nothing dropped
+        whole = list(x.shape)
+        for axis, devices, _ in self.parts:
+            whole[axis] *= devices  # the activation on one device
+        # the one device's mask, as Dropout draws it: F.dropout of ones is its multiplier, 0 or
+        # 1 / (1 - rate), drawn as F.dropout draws one for an activation of that shape
+        ones = torch.ones(whole, dtype=x.dtype, device=x.device)
+        multiplier = F.dropout(ones, self.rate)  # (...): the whole activation's
+        for axis, devices, index in self.parts:
+            multiplier = multiplier.chunk(devices, axis)[index]  # (...,) like x: this device's part
+        return x * multiplier  # (...,) like x
+
+
+def keep_own_parts(model, plan: Plan, data_rank: int, model_rank: int = 0) -> None:
+    """Each Dropout of device (``data_rank``, ``model_rank``)'s ``model`` a ``WholeMaskDropout``
+    that keeps its part of the one device's mask: its data rank's rows, and inside an attention
+    block or a feed-forward its model rank's heads or hidden features (under tensor parallel)."""
+    rows = ((0, plan.data, data_rank),)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if not isinstance(child, Dropout):
+                continue
+            parts = rows
+            blocks = (MultiHeadAttention, PositionwiseFeedForward, GatedFeedForward)
+            if plan.tensor_parallel > 1 and isinstance(module, blocks):
+                # (B, H, T_q, T_k): its heads; (B, T, d_ff): its hidden features
+                axis = 1 if isinstance(module, MultiHeadAttention) else -1
+                parts = (*rows, (axis, plan.tensor_parallel, model_rank))
+            setattr(module, name, WholeMaskDropout(child, parts))
+
+
 def _parameter_names(model) -> dict[int, str]:
     """{id(parameter): its canonical name}."""
     names = {}
@@ -181,6 +245,7 @@ def sharded_train_step(
     """One update of this rank, on its data rank's rows of the global ``batch``; returns the global
     batch's loss."""
     loss = sharded_backward(model, batch, label_smoothing, mesh)
+    maybe_fail("step", optimizer.t + 1, dist.get_rank())  # a rank planned to die here does
     optimizer.step()
     return loss
 
@@ -369,12 +434,27 @@ def sharded_train(
     plan: Plan,
     checkpoint: Callable[[TrainingState], None] | None = None,
     checkpoint_every: int = 0,
+    checkpoint_dir: str | None = None,
+    resume: ShardedCheckpoint | TrainingState | None = None,
+    run_record: dict[str, Any] | None = None,
 ) -> list[float]:
     """``train`` with the weights, gradients and Adam's moments spread over ``plan``'s devices:
     this process's rank when it is one already (torchrun started it, or a process group exists),
     else ``plan.devices`` processes spawned here. ``model`` ends with the trained weights, whole.
     ``checkpoint(state)`` receives whole moments under the canonical names; spawned, the states
-    come back to this process, which calls it once the run is over (a closure does not pickle)."""
+    come back to this process, which calls it once the run is over (a closure does not pickle).
+
+    ``checkpoint_dir``: a sharded checkpoint there at the same steps (each rank writes its own
+    shards with ``torch.distributed.checkpoint``; ``transformer_run.sharded_checkpoint``), with
+    ``run_record`` in its training.json. ``resume``: a torch sharded checkpoint saved under any plan
+    (``sharded_checkpoint.read``): the run goes on from its step, each rank reading its shards of
+    this plan from it. Or a whole ``TrainingState`` (a checkpoint file's, any backend's) whose
+    weights ``model`` holds already."""
+    if isinstance(resume, ShardedCheckpoint) and resume.framework != "torch":
+        raise ValueError(
+            f"{resume.folder!r} is a {resume.framework} checkpoint: consolidate it into one file "
+            "(transformer-ref checkpoint consolidate) to continue it in torch"
+        )
     for batch in batches:
         _check_devices(model, batch, plan)
     rates = rate_table(schedule, steps)
@@ -382,7 +462,8 @@ def sharded_train(
     keep = checkpoint is not None and spawned
     losses, params, states = _run(
         _train_rank, model, plan.devices, plan, batches, steps, rates, label_smoothing, callback,
-        seed, None if spawned else checkpoint, checkpoint_every, keep,
+        seed, None if spawned else checkpoint, checkpoint_every, keep, checkpoint_dir, resume,
+        run_record,
     )  # fmt: skip
     for state, weights in states:  # spawned: saved here, in order, each with its step's weights
         load_whole(model, weights)
@@ -411,9 +492,12 @@ def _check_devices(model, batch: Mapping[str, Any], plan: Plan) -> None:
 
 # ------------------------------------------------------------------------------ in each process
 def _setup(model, plan: Plan):
-    """A copy of ``model`` sharded over this rank's mesh (``model`` itself stays whole)."""
+    """A copy of ``model`` sharded over this rank's mesh (``model`` itself stays whole), its
+    Dropouts keeping this rank's part of the one device's masks."""
     mesh = sharding_mesh(plan, _device(model).type)
-    return shard_model(copy.deepcopy(model), mesh, plan), mesh
+    local = copy.deepcopy(model)
+    keep_own_parts(local, plan, mesh["data"].get_local_rank(), mesh["model"].get_local_rank())
+    return shard_model(local, mesh, plan), mesh
 
 
 def _loss_and_grads_rank(model, rank, devices, plan, batch, label_smoothing):
@@ -476,11 +560,10 @@ def _memory_rank(model, rank, devices, plan, batch, label_smoothing):
 
 
 def _train_rank(model, rank, devices, plan, batches, steps, rates, label_smoothing, callback, seed,
-                checkpoint, checkpoint_every, keep_states):  # fmt: skip
+                checkpoint, checkpoint_every, keep_states, checkpoint_dir, resume,
+                run_record):  # fmt: skip
     sharded, mesh = _setup(model, plan)
     optimizer = Adam(sharded, functools.partial(table_schedule, rates))
-    data_rank = mesh["data"].get_local_rank()
-    seed_rank = lambda model, seed: seed_dropout(model, rank_seed(seed, data_rank))  # noqa: E731
     states = []  # spawned: (state, whole weights) for the caller's process to save
 
     def whole_state(sharded, optimizer: Adam, losses: list[float]) -> TrainingState:
@@ -488,18 +571,46 @@ def _train_rank(model, rank, devices, plan, batches, steps, rates, label_smoothi
         load_whole(model, whole(sharded))
         moments = {f"m.{n}": m for n, m in whole(sharded, "m", optimizer).items()}
         moments |= {f"v.{n}": v for n, v in whole(sharded, "v", optimizer).items()}
-        # the model's own streams: a checkpoint resumes on one device (the ranks drew their own)
+        # torch's generator: every rank drew the one device's masks, so it stands where one
+        # device's would after the same steps
         return TrainingState(optimizer.t, list(losses), moments, dropout_streams(model))
 
+    def state_of(sharded, optimizer: Adam, losses: list[float]) -> TrainingState:
+        """Nothing gathered: the moments stay in the ranks (whole only for ``checkpoint``)."""
+        return TrainingState(optimizer.t, list(losses), {}, dropout_streams(sharded))
+
     def save(state: TrainingState) -> None:
+        if checkpoint_dir is not None:  # every rank its shards; rank 0 commits once all have
+            if rank == 0:
+                sharded_checkpoint.staging(checkpoint_dir, state.step)
+            dist.barrier()
+            torch_checkpoint.save(sharded_checkpoint.partial_folder(checkpoint_dir, state.step),
+                                  sharded, optimizer)  # fmt: skip
+            maybe_fail("save", state.step, rank)  # written, not committed
+            dist.barrier()
+            if rank == 0:
+                config, record = model.config, run_record or {}
+                sharded_checkpoint.commit(checkpoint_dir, "torch", config, plan, state, record)
+        if checkpoint is None and not keep_states:
+            return
+        state = whole_state(sharded, optimizer, state.losses)  # a collective: every rank
         if rank == 0 and keep_states:
             states.append((state, whole(model)))
         elif rank == 0:
             checkpoint(state)  # reads the whole weights from ``model``
 
+    def restore(sharded, optimizer: Adam, state: TrainingState) -> None:
+        if isinstance(resume, ShardedCheckpoint):
+            torch_checkpoint.restore(resume, sharded, optimizer)
+        else:
+            torch_checkpoint.restore_moments(state, sharded, optimizer)
+        if sharded.config.dropout > 0:  # without dropout no stream is read (nor need be torch's)
+            set_dropout_streams(sharded, state.dropout)
+
     step = functools.partial(sharded_train_step, mesh=mesh)
-    saving = checkpoint is not None or keep_states
-    losses = train_loop(sharded, optimizer, step, seed_rank, batches, steps, label_smoothing,
-                        callback if rank == 0 else None, seed, None, save if saving else None,
-                        checkpoint_every, whole_state)  # fmt: skip
+    saving = checkpoint is not None or keep_states or checkpoint_dir is not None
+    losses = train_loop(sharded, optimizer, step, seed_dropout, batches, steps, label_smoothing,
+                        callback if rank == 0 else None, seed,
+                        resume.state if isinstance(resume, ShardedCheckpoint) else resume,
+                        save if saving else None, checkpoint_every, state_of, restore)  # fmt: skip
     return losses, whole(sharded), states

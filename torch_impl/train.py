@@ -105,7 +105,8 @@ def restore_training_state(model, optimizer: Adam, state: TrainingState) -> None
     for name in param_schema(model.config, model.schema):
         _set_adam_moments(optimizer, name, state.moments[f"m.{name}"], state.moments[f"v.{name}"])
     _set_adam_step(optimizer, state.step)
-    set_dropout_streams(model, state.dropout)
+    if model.config.dropout > 0:  # else none is read (and a state from another backend has its own)
+        set_dropout_streams(model, state.dropout)
 
 
 def _adam_moments(optimizer: Adam, name: str) -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,7 @@ missing extra) is one line on stderr and exit status 2: ``transformer_cli.errors
 
 from __future__ import annotations
 
-from . import attention, compare, embed, generate, mirror, params, pitfalls, shakespeare, trace, train
+from . import attention, checkpoint, compare, embed, generate, mirror, params, pitfalls, shakespeare, trace, train
 from .errors import Parser, UsageError, usage_error
 
 
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     generate.add_parser(commands)
     pitfalls.add_parser(commands)
     train.add_parser(commands)
+    checkpoint.add_parser(commands)
     shakespeare.add_parser(commands)
     trace.add_parser(commands)
     attention.add_parser(commands)

@@ -23,7 +23,8 @@ added up so that the step is the single-device one (the loss over the whole batc
 targets): torch spawns N DistributedDataParallel processes (gloo on the CPU, nccl on GPUs; run
 under torchrun, each process is one replica instead), JAX shards the batch over N devices
 (simulated on the CPU when there are fewer: XLA_FLAGS=--xla_force_host_platform_device_count=N),
-NumPy splits it into N shards run in turn. Replica r's dropout is seeded from (seed, r).
+NumPy splits it into N shards run in turn. Every replica draws the one device's dropout masks
+and keeps its rows: with dropout too, the run is the single-device run with the same seed.
 
 ``--fsdp N`` shards every weight, its gradient and its Adam moments over N devices that each take
 1/N of the batch (fully sharded data parallel: a layer's weights are gathered just before it runs,
@@ -42,9 +43,21 @@ and a free port, the same for all), this process is process I of N, started by h
 scheduler on each machine. Every process computes the same losses and weights; process 0 alone
 prints and writes files.
 
+A lost process: ``--max-restarts N`` starts the run again from the newest committed checkpoint of
+--save DIR, up to N times (numpy's simulated devices; jax's --processes; torch: run under
+``torchrun --max-restarts N``, which starts the ranks again; a restarted command goes on from DIR).
+
 ``--compile`` compiles torch's training step (its forward pass, loss and backward pass, through
 torch.compile; Adam's update as it is); JAX's step is always jit-compiled and NumPy has no compiler.
 It trains on one device, in float32 or float64 (bf16 and the parallel runs stay eager).
+
+With a plan, ``--save DIR`` writes sharded checkpoints into the folder DIR: each device its own
+pieces (torch: torch.distributed.checkpoint; jax: Orbax; numpy: a file per device), no device ever
+holding the whole model; a step's checkpoint is committed at once (a save killed half-way is never
+read). ``--resume DIR`` continues it under the plan given (another one too: the checkpoint is
+resharded as it is read), or under the plan it was saved with. ``transformer-ref checkpoint
+consolidate DIR FILE`` makes it one file, which every backend resumes (``--resume FILE``, with
+``--backend`` another framework if you like, on one device or under a plan).
 
 Examples:
   transformer-ref train --task translate --steps 300 --save translate.safetensors
@@ -82,6 +95,8 @@ from transformer_run.data import (
 )
 from transformer_run.data_parallel import batch_size, check_data_parallel
 from transformer_run.schedules import warmup_schedule
+from transformer_run.sharded_checkpoint import ShardedCheckpoint, is_sharded_checkpoint
+from transformer_run.sharded_checkpoint import read as read_sharded
 from transformer_run.sharding import Plan, check_plan
 from transformer_spec import Config, WeightsError, WeightsFileError, init_params
 
@@ -185,6 +200,13 @@ def add_parser(commands) -> None:
         help="with --process-id: process 0's machine and a free port, the same for every process "
         "(default: $JAX_COORDINATOR_ADDRESS)",
     )
+    parser.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        metavar="N",
+        help="with a plan and --save DIR: when a device (numpy) or a process (jax --processes) is lost, start "
+        "again from the newest committed checkpoint, up to N times (torch: torchrun --max-restarts N)",
+    )
     parser.add_argument("--heads", type=positive_int, metavar="H", help="the task model's attention heads")
     parser.add_argument("--d-ff", type=positive_int, metavar="N", help="the task model's feed-forward width")
     parser.add_argument("--plot", metavar="PNG", help="draw the loss of every step into this PNG (needs matplotlib)")
@@ -213,18 +235,23 @@ def task_setup(task: str, seed: int):
 
 
 def run(args: argparse.Namespace) -> int:
+    _continue_a_restarted_job(args)
     resumed = _load_resumed(args.resume) if args.resume else None
     settings = _settings(args, resumed)
     save = args.save or args.resume
     if args.checkpoint_every is not None and not save:
         raise UsageError(f"--checkpoint-every {args.checkpoint_every} needs --save FILE (where to write them)")
-    if save:
+    sharded = bool(args.fsdp or args.tensor_parallel) or isinstance(resumed, ShardedCheckpoint)
+    if save and sharded:
+        _check_folder("--save" if args.save else "--resume", save)
+    elif save:
         _check_writable("--save" if args.save else "--resume", save)
     if args.data_parallel and not (args.fsdp or args.tensor_parallel) and (save or resumed):
         option = "--save" if args.save else "--resume"
         raise UsageError(f"--data-parallel {args.data_parallel} does not checkpoint yet: leave out {option}")
     plan = _sharding_plan(args, resumed, settings)
     process_id, coordinator = _processes(args, plan, settings)
+    _check_restarts(args, plan, settings, save)
     if args.compile and (args.data_parallel or plan is not None):
         raise UsageError(f"--compile compiles the one-device step: leave out {_plan_options(args)}")
     if args.compile and settings["dtype"] == "bfloat16":
@@ -235,6 +262,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot(args.plot)
     config, batches, show = task_setup(settings["task"], settings["seed"])
+    for size in ("heads", "d_ff"):  # a resumed run's model resized as it was
+        if resumed and getattr(args, size) is None:
+            setattr(args, size, resumed.run.get(size))
     config = _resized(config.replace(dropout=settings["dropout"]), args)
     done = resumed.state.step if resumed else 0
     steps = args.steps or (resumed.run["steps"] if resumed else DEFAULT_STEPS[settings["task"]])
@@ -263,7 +293,8 @@ def run(args: argparse.Namespace) -> int:
         from jax_impl import distributed
 
         return distributed.launch(_process_run, args, processes=args.processes,
-                                  cpu_devices=plan.devices // args.processes)  # fmt: skip
+                                  cpu_devices=plan.devices // args.processes,
+                                  max_restarts=args.max_restarts or 0)  # fmt: skip
     quiet = False  # a process of a multi-process run other than 0
     if args.processes:
         quiet = _join(args, plan, process_id, coordinator) != 0
@@ -271,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
             _silence_this_process()
     compute_dtype = "bfloat16" if settings["dtype"] == "bfloat16" else None  # mixed precision: float32 master weights
     weights_dtype = "float32" if compute_dtype else settings["dtype"]
-    params = resumed.params if resumed else init_params(config, seed=settings["seed"], dtype=weights_dtype)
+    params = getattr(resumed, "params", None) or init_params(config, seed=settings["seed"], dtype=weights_dtype)
     model = backend.impl.build_model(config, params)
     threads = use_threads(args.threads, [settings["backend"]], sum(np.size(v) for v in params.values()))
     schedule = warmup_schedule(config.d_model, settings["warmup"])
@@ -283,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
           + (f", data parallel over {args.data_parallel} replicas" if args.data_parallel and not plan else "")
           + (f", sharded over {plan.devices} devices ({_plan_options(args)})" if plan else "")
           + (f" in {args.processes} processes" if args.processes else ""))  # fmt: skip
-    run_record = settings | {"steps": steps, "checkpoint_every": every}
+    run_record = settings | {"steps": steps, "checkpoint_every": every, "heads": args.heads, "d_ff": args.d_ff}
 
     def checkpoint(state) -> None:
         if not quiet:  # every process holds the same state: process 0 writes it
@@ -295,7 +326,10 @@ def run(args: argparse.Namespace) -> int:
     if sharded_train is not None:
         losses = sharded_train(
             model, batches, steps, schedule, settings["label_smoothing"], callback=progress,
-            seed=settings["seed"], plan=plan, checkpoint=checkpoint if save else None, checkpoint_every=every,
+            seed=settings["seed"], plan=plan, checkpoint_every=every, checkpoint_dir=save or None,
+            resume=resumed if isinstance(resumed, ShardedCheckpoint) else resumed and resumed.state,
+            run_record=run_record,
+            **({"max_restarts": args.max_restarts} if args.max_restarts and settings["backend"] == "numpy" else {}),
         )  # fmt: skip
     elif args.data_parallel:
         try:
@@ -312,7 +346,10 @@ def run(args: argparse.Namespace) -> int:
             checkpoint_every=every, compute_dtype=compute_dtype, compiled_step=args.compile,
         )  # fmt: skip
     progress.close()
-    if save:
+    if save and plan is not None:
+        print(f"sharded checkpoint: {save} (--resume {save} continues it, under any plan; "
+              f"transformer-ref checkpoint consolidate {save} FILE makes it one file every backend loads)")
+    elif save:
         print(f"checkpoint: {save} (--resume {save} continues it; every backend loads it: <backend>_impl.load_model)")
     if losses:
         print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f}\n")
@@ -328,6 +365,44 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# Set in the processes of a job started again after one of them died: torchrun's (--max-restarts)
+# and jax_impl.distributed.launch's
+RESTART_ENVIRONMENT = ("TORCHELASTIC_RESTART_COUNT", "TRANSFORMER_REF_RESTART_COUNT")
+
+
+def _continue_a_restarted_job(args: argparse.Namespace) -> None:
+    """A job restarted after a lost process runs the same command again: with --save DIR holding
+    committed checkpoints it goes on from the newest (--resume DIR). A new run refuses such a
+    folder rather than mixing its checkpoints with another run's."""
+    if args.resume or not args.save or not is_sharded_checkpoint(args.save):
+        return
+    if any(int(os.environ.get(variable) or 0) > 0 for variable in RESTART_ENVIRONMENT):
+        args.resume = args.save
+        return
+    step = read_sharded(args.save).state.step
+    raise UsageError(
+        f"--save {args.save} holds a run's checkpoints (the newest at step {step}): --resume {args.save} "
+        "continues it; give another folder to start a new run"
+    )
+
+
+def _check_restarts(args: argparse.Namespace, plan: Plan | None, settings: dict, save: str | None) -> None:
+    """--max-restarts restarts what this command runs: NumPy's simulated devices, or the JAX
+    processes it launches; torchrun restarts torch's (torchrun --max-restarts N)."""
+    if not args.max_restarts:
+        return
+    option = f"--max-restarts {args.max_restarts}"
+    if settings["backend"] == "torch":
+        raise UsageError(f"{option}: torchrun restarts torch's processes: torchrun --max-restarts "
+                         f"{args.max_restarts} ... transformer-ref train ...")  # fmt: skip
+    if plan is None or not save:
+        raise UsageError(f"{option}: restarts a sharded run from its checkpoints: give --fsdp or "
+                         "--tensor-parallel, and --save DIR")  # fmt: skip
+    if settings["backend"] == "jax" and not args.processes:
+        raise UsageError(f"{option}: restarts the processes of --processes N (one process does not lose a "
+                         "device alone)")  # fmt: skip
+
+
 def _plan_options(args: argparse.Namespace) -> str:
     """The sharding options as given: "--fsdp 2 --tensor-parallel 3"."""
     given = [("--data-parallel", args.data_parallel), ("--fsdp", args.fsdp),
@@ -335,13 +410,20 @@ def _plan_options(args: argparse.Namespace) -> str:
     return " ".join(f"{option} {value}" for option, value in given if value)
 
 
-def _sharding_plan(args: argparse.Namespace, resumed: Checkpoint | None, settings: dict) -> Plan | None:
-    """The plan of --fsdp / --tensor-parallel (with --data-parallel), or None without them; the
-    settings they cannot run with are refused here, before anything starts."""
+def _sharding_plan(args: argparse.Namespace, resumed, settings: dict) -> Plan | None:
+    """The plan of --fsdp / --tensor-parallel (with --data-parallel); without them, a resumed sharded
+    checkpoint's own plan, else None. The settings they cannot run with are refused here, before
+    anything starts."""
     if not (args.fsdp or args.tensor_parallel):
+        if isinstance(resumed, ShardedCheckpoint):
+            if args.data_parallel:
+                raise UsageError(f"--data-parallel {args.data_parallel}: give the whole plan to resume "
+                                 f"{args.resume} under another one (--fsdp, --tensor-parallel)")  # fmt: skip
+            return resumed.plan
         return None
-    if resumed:
-        raise UsageError(f"{_plan_options(args)}: a sharded run does not resume: leave out --resume")
+    if resumed and not args.save and not isinstance(resumed, ShardedCheckpoint):
+        raise UsageError(f"{_plan_options(args)}: a sharded run saves into a folder: give --save DIR to resume "
+                         f"{args.resume} under it")  # fmt: skip
     if settings["dtype"] == "bfloat16":
         raise UsageError(f"{_plan_options(args)}: sharded runs train in float32 or float64, not --dtype bfloat16")
     try:
@@ -469,14 +551,17 @@ def _check_plot(path: str) -> None:
     _check_writable("--plot", path)
 
 
-def _load_resumed(path: str) -> Checkpoint:
+def _load_resumed(path: str) -> Checkpoint | ShardedCheckpoint:
     try:
-        resumed = load_checkpoint(path)
+        resumed = read_sharded(path) if is_sharded_checkpoint(path) else load_checkpoint(path)
     except (WeightsFileError, WeightsError) as error:
         raise UsageError(f"--resume {path}: {error}") from None
     missing = sorted((set(RUN_DEFAULTS) | {"steps"}) - set(resumed.run))
     if missing:
         raise UsageError(f"--resume {path}: not a checkpoint of transformer-ref train (its run lacks {missing})")
+    if "framework" in resumed.run:  # consolidated from a sharded checkpoint: its framework trained it
+        resumed.run["backend"] = resumed.run.pop("framework")
+        resumed.run.pop("plan", None)
     return resumed
 
 
@@ -487,6 +572,21 @@ def _settings(args: argparse.Namespace, resumed: Checkpoint | None) -> dict:
     for name, default in RUN_DEFAULTS.items():
         given = getattr(args, name)
         stored = resumed.run[name] if resumed else None
+        if resumed and given is not None and given != stored and _may_differ(name, resumed):
+            settings[name] = given
+            continue
+        if resumed and given is not None and given != stored and isinstance(resumed, ShardedCheckpoint):
+            if name == "backend":
+                raise UsageError(
+                    f"--backend {given}: {args.resume} holds {stored}'s own files; to continue in {given}: "
+                    f"transformer-ref checkpoint consolidate {args.resume} FILE, then --resume FILE --backend {given}"
+                )
+        if resumed and given is not None and given != stored and name == "backend" and isinstance(resumed, Checkpoint):
+            raise UsageError(
+                f"--backend {given}: the run in {args.resume} draws {stored}'s dropout masks (--dropout "
+                f"{resumed.run['dropout']}), which {given} cannot continue (each framework its own generator): "
+                f"resume it with --backend {stored}"
+            )
         if resumed and given is not None and given != stored:
             option = "--" + name.replace("_", "-")
             raise UsageError(
@@ -495,6 +595,27 @@ def _settings(args: argparse.Namespace, resumed: Checkpoint | None) -> dict:
             )
         settings[name] = given if given is not None else stored if resumed else default
     return settings
+
+
+def _may_differ(name: str, resumed) -> bool:
+    """A one-file checkpoint continues in another backend (the same weights, moments and step): its
+    numbers go on within the frameworks' rounding. Not with dropout: each framework draws its own
+    masks, from its own random streams. A sharded checkpoint is its framework's own files."""
+    return (
+        name == "backend" and isinstance(resumed, Checkpoint) and resumed.run.get("dropout", 0) == 0
+    )
+
+
+def _check_folder(option: str, path: str) -> None:
+    """A sharded run's checkpoints go into a folder: made if need be, in a folder that exists."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{option} {path} is a file: a sharded run saves into a folder (give a folder name)")
+    if not os.path.isdir(parent):
+        raise UsageError(f"{option} {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (os.path.isdir(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option} {path}: not writable")
+    os.makedirs(path, exist_ok=True)
 
 
 def _check_writable(option: str, path: str) -> None:

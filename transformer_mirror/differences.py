@@ -25,6 +25,7 @@ PER_BACKEND_FILES: dict[str, str] = {
     "data_parallel.py": "replica-processes",
     "mixed_precision.py": "mixed-precision",
     "sharding.py": "sharded-engines",
+    "sharded_checkpoint.py": "checkpoint-formats",
     "compiled.py": "compilers",
 }
 # Files one backend has and the others do not, because their framework brings what they hold (or
@@ -35,6 +36,12 @@ ONE_BACKEND_FILES: dict[str, str] = {
 }
 
 REASONS: dict[str, str] = {
+    "checkpoint-formats": "A sharded checkpoint is written in each framework's own format, by its own "
+    "engine: torch.distributed.checkpoint (each rank its DTensor shards, resharded on load from their "
+    "recorded offsets), Orbax (each process its devices' shards of jax.Arrays, restored into the "
+    "shardings asked for), and NumPy's reference writing a file per simulated device and joining and "
+    "cutting the pieces itself. The folder, its commit and its training.json are one shared text "
+    "(transformer_run/sharded_checkpoint.py); the suite holds every framework to the same resharding matrix.",
     "fused-kernels": "Speed lives in one file per backend, kernels.py: the fused kernels a backend has "
     "(torch's F.scaled_dot_product_attention, F.layer_norm, F.gelu and its in-place activation GEMM; "
     "NumPy's blocked float32 erf and its per-batch-entry in-place attention, tiled for long sequences; in JAX, "

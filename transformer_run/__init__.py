@@ -9,7 +9,7 @@ backends cannot differ in any of this, only in what they compute.
 from .batches import BATCH_KEYS, decoder_only_batch, encoder_decoder_batch, split_batch
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .data import TOY_TRANSLATION_MODEL, WordVocab, copy_task, next_word_batch, translation_batch
-from .data_parallel import check_data_parallel, rank_seed, shard, shard_weights
+from .data_parallel import check_data_parallel, shard, shard_weights
 from .decoding import BeamResult, beam_search, filter_logits, greedy_decode, sample_decode
 from .mixed_precision import COMPUTE_DTYPES, POLICIES, check_compute_dtype
 from .schedules import constant_schedule, warmup_schedule
@@ -35,7 +35,6 @@ __all__ = [
     "greedy_decode",
     "load_checkpoint",
     "next_word_batch",
-    "rank_seed",
     "sample_decode",
     "save_checkpoint",
     "shard",

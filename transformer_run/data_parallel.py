@@ -1,5 +1,5 @@
 """Data-parallel training, the backend-neutral part: how a global batch is split, what each
-shard's loss weighs, and how a rank's dropout stream is seeded.
+shard's loss weighs, and which dropout masks a replica draws.
 
 N replicas of the model (torch processes, JAX devices, NumPy shards) each take ``B / N`` rows
 of the global batch (rank r: rows ``r * B / N .. (r + 1) * B / N``), compute gradients on
@@ -13,11 +13,12 @@ so each shard's mean is weighted by its share of the global count (torch all-red
 counts to know it). The mean of the per-shard means, ``sum_r loss_r / N``, is another loss
 whenever the shards hold different numbers of pad tokens: ``shard_weights`` is why not.
 
-Dropout: rank r draws its masks from ``rank_seed(seed, r)``. Rank 0 keeps ``seed`` itself, so
-a run on one replica is the single-device run; the others get seeds spawned from
-``(seed, r)`` by NumPy's SeedSequence, independent of each other and of ``seed + r`` (which
-another run's seed could be). The same seed and N give the same masks on every rank, run
-after run.
+Dropout: every replica draws the one device's masks, of the whole global batch, from the one
+device's streams (seeded ``seed``, where the one device's stand) and keeps its rows (each
+backend's ``sharding.WholeMaskDropout``), so with dropout too N replicas' run is the
+single-device run with the same seed, whatever N, and a checkpoint's streams are one device's.
+Seeding each rank from (seed, rank), DDP's habit, would give every N its own masks and a run
+equal to none. The price: each replica draws N times the random numbers its rows need.
 """
 
 from __future__ import annotations
@@ -70,13 +71,6 @@ def shard_weights(config: Config, batch: Mapping[str, Any], data_parallel: int) 
     to 1; all padding: zeros, as the loss of such a batch is 0)."""
     counts = [token_count(config, shard(config, batch, r, data_parallel)) for r in range(data_parallel)]
     return [c / max(sum(counts), 1) for c in counts]
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """The dropout seed of replica ``rank`` in a run seeded ``seed`` (see the module docstring)."""
-    if rank == 0:
-        return seed
-    return int(np.random.SeedSequence((seed, rank)).generate_state(1, np.uint32)[0])
 
 
 def rate_table(schedule, steps: int) -> tuple[float, ...]:

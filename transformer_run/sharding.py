@@ -40,16 +40,27 @@ to each layer and then to the whole model.
 Every backend has the same entry points in ``<backend>_impl/sharding.py``:
 
     sharded_train(model, batches, steps, schedule, label_smoothing=0.0, callback=None, seed=0, *,
-                  plan, checkpoint=None, checkpoint_every=0) -> losses
+                  plan, checkpoint=None, checkpoint_every=0, checkpoint_dir=None, resume=None,
+                  run_record=None) -> losses
         ``train`` with this plan; ``checkpoint(state)`` receives whole tensors under the canonical
-        names (``TrainingState``), so a sharded run's checkpoint loads into one device and into
-        every backend.
+        names (``TrainingState``); ``checkpoint_dir``: a sharded checkpoint there instead, each
+        device writing its own shards in its framework's format (``sharded_checkpoint``);
+        ``resume``: such a checkpoint of the same framework saved under any plan, or a whole
+        ``TrainingState`` (a checkpoint file's, any backend's) whose weights the model holds.
     sharded_loss_and_grads(model, batch, plan, label_smoothing=0.0) -> (loss, {name: whole gradient})
         one forward and backward over the devices; the model is not changed.
     step_collectives(model, batch, plan) -> {kind: {"count": n, "bytes": b}}
         the collectives one device runs in one training step, by kind ("all-gather",
         "reduce-scatter", "all-reduce"); bytes: the whole buffer each one works on (an all-gather's
         output, a reduce-scatter's input). NumPy's are the reference the engines are compared with.
+
+Dropout: every device draws the one device's mask of the whole activation, from the one device's
+stream where it stands, and keeps its own part: its rows along ``data``; along ``model``, its heads
+of the attention weights and its hidden features of the feed-forward, and the whole width where the
+activation is the same on every model rank (the embeddings' and each sub-layer's output). So with
+dropout too a sharded run is the single-device run with the same seed, and a checkpoint's dropout
+streams are one device's (each backend's ``WholeMaskDropout``; NumPy's ``step_dropout_draws``
+counts the random numbers a device draws for it: every number one device draws).
 
 NumPy simulates the devices in one process (numpy_impl/sharding.py writes out every collective);
 torch runs one process per device (gloo on the CPU, nccl on GPUs); JAX places the arrays on a

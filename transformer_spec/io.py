@@ -101,7 +101,8 @@ def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]
         f.write(text)
         for name in names:
             value = tensors[name]
-            f.write(np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes())
+            # its own memory, little-endian, written as it lies (a copy only where it is not so)
+            f.write(memoryview(np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))).cast("B"))
 
     write_atomically(path, write)
 

@@ -182,10 +182,14 @@ def test_train_checks_where_it_saves_before_training(capsys, files, tmp_path):
 
 
 def test_resuming_with_other_settings_or_fewer_steps_is_refused(capsys, tmp_path):
-    path = tmp_path / "run.safetensors"
+    """Another backend continues a run without dropout (the same weights, moments and step), not
+    one with: its masks come from the first framework's generator."""
+    path, dropped = tmp_path / "run.safetensors", tmp_path / "dropout.safetensors"
+    assert main(["train", "--task", "next-word", "--steps", "2", "--dropout", "0.1", "--save", str(dropped)]) == 0
     assert main(["train", "--task", "next-word", "--steps", "4", "--save", str(path)]) == 0
     capsys.readouterr()
-    one_line_error(capsys, ["train", "--resume", str(path), "--backend", "torch"], "--backend torch", "--backend numpy")
+    one_line_error(capsys, ["train", "--resume", str(dropped), "--backend", "torch"], "--backend torch",
+                   "numpy's dropout masks (--dropout 0.1)", "--backend numpy")  # fmt: skip
     one_line_error(capsys, ["train", "--resume", str(path), "--task", "copy"], "--task copy", "--task next-word")
     one_line_error(capsys, ["train", "--resume", str(path), "--dropout", "0.1"], "--dropout 0.1", "--dropout 0.0")
     one_line_error(capsys, ["train", "--resume", str(path), "--steps", "3"], "--steps 3", "already done 4 steps")

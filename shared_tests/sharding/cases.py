@@ -75,6 +75,16 @@ def schedule(config: Config):
     return warmup_schedule(config.d_model, warmup_steps=400, factor=0.5)
 
 
+# Dropout's runs: a few Adam steps from a seed other than the default, each backend's sharded run
+# against its own single device (each framework draws its masks from its own generator).
+DROPOUT, DROPOUT_STEPS, DROPOUT_SEED = 0.1, 3, 5
+
+
+def dropout_config(name: str) -> Config:
+    """adam_config(name) with dropout DROPOUT at its four places (docs/gradients-and-training.md)."""
+    return adam_config(name).replace(dropout=DROPOUT)
+
+
 @functools.cache
 def one_device(name: str, dtype: str) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
     """The reference's single device on CONFIGS[name] and its batch: (logits, loss, gradients),
@@ -109,3 +119,25 @@ def gradient_error(got: dict[str, np.ndarray], want: dict[str, np.ndarray], dtyp
         / max(float(np.abs(want[name]).max()), FLOOR[dtype] * scale)
         for name in want
     )
+
+
+# ------------------------------------------------------------------------ sharded checkpoints
+# A run saved at step SAVE_AT and resumed, held to RESUMED_STEPS steps never stopped (NumPy's, the reference).
+SAVE_AT, RESUMED_STEPS = 3, 6
+
+
+def checkpoint_train(plan: Plan, steps: int, **options):
+    """NumPy's sharded run of ``steps`` Adam steps on adam_config("llama") -> (losses, weights)."""
+    import numpy_impl
+    from numpy_impl.sharding import sharded_train
+
+    config = adam_config("llama")
+    model = numpy_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
+    losses = sharded_train(model, [batch_of(config)], steps, schedule(config), plan=plan, **options)
+    return np.array(losses), numpy_impl.to_params(model)
+
+
+@functools.cache
+def uninterrupted() -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """RESUMED_STEPS steps on one device, never stopped: the curve and weights every resumed run must give."""
+    return checkpoint_train(Plan(), RESUMED_STEPS)

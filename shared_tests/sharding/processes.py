@@ -1,6 +1,6 @@
 """The processes the sharded runs need (JAX's children on simulated devices, JAX's two processes on
-one mesh, torch's groups of gloo ranks), each set started once per test run, by the first test that
-needs it.
+one mesh, torch's groups of gloo ranks, torch's ranks on two simulated torchrun nodes), each set
+started once per test run, by the first test that needs it.
 
 Under xdist each worker is its own process: the first to need a set of processes starts it (a file
 created exclusively in the run's shared folder says who did) and records how each process ended;
@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from .cases import CONFIGS
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT = 600  # seconds, for a whole set
 JAX_DEVICES = 4  # simulated CPU devices in each of JAX's children
+TORCH_NODES, TORCH_RANKS = 2, 2  # test_torch_nodes.py's simulated nodes, and torch ranks on each
 
 
 class Processes:
@@ -34,6 +36,8 @@ class Processes:
     def __init__(self, folder: pathlib.Path, name: str, commands: Mapping[str, list[str]], env: dict[str, str]):
         self.name, self.folder, self.record = name, folder, folder / f"{name}.ended.json"
         self.processes, self.recorder = {}, None
+        # a fault planned by a test of this worker (test_lost_rank.py's, in its environment) is not theirs
+        env = {k: v for k, v in env.items() if k != "TRANSFORMER_REF_FAULT"}
         try:
             os.close(os.open(folder / f"{name}.started", os.O_CREAT | os.O_EXCL))
         except FileExistsError:
@@ -83,6 +87,21 @@ class Processes:
             self.recorder.join()
 
 
+def die_with_parent() -> None:
+    """This process killed when its parent dies (Linux: the parent-death signal): a rank left
+    waiting in a collective would outlive its launcher, holding the test's pipes (its output) open."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+def _rank(target, args: tuple) -> None:
+    die_with_parent()
+    target(*args)
+
+
 def run_group(target, args_of_ranks: list[tuple]) -> list[str]:
     """A group of torch ranks, rank r running ``target(*args_of_ranks[r])``, forked from this process
     (which has imported what they run: copies of it, nothing imported again) on Linux, spawned
@@ -92,7 +111,7 @@ def run_group(target, args_of_ranks: list[tuple]) -> list[str]:
 
     start = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     size = len(args_of_ranks)
-    ranks = [start.Process(target=target, args=args) for args in args_of_ranks]
+    ranks = [start.Process(target=_rank, args=(target, args)) for args in args_of_ranks]
     for rank in ranks:
         rank.start()
     while any(rank.exitcode is None for rank in ranks):
@@ -132,6 +151,42 @@ def torch_groups(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, 
     return {"launcher": [sys.executable, "-m", "shared_tests.sharding.test_torch_sharding", str(folder)]}, env
 
 
+def torch_checkpoints(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """test_torch_checkpoints.py's launcher, which forks each group's ranks from itself."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return {"launcher": [sys.executable, "-m", "shared_tests.sharding.test_torch_checkpoints", str(folder)]}, env
+
+
+def lost_rank(framework: str):
+    """test_lost_rank.py's three jobs of ``framework`` (torchrun's ranks, or JAX's 2 processes),
+    run one after another by ``python -m shared_tests.sharding.test_lost_rank FOLDER FRAMEWORK``."""
+
+    def commands(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop("JAX_COMPILATION_CACHE_DIR", None)  # as jax_children: no other process compiles these
+        module = "shared_tests.sharding.test_lost_rank"
+        return {framework: [sys.executable, "-m", module, str(folder), framework]}, env
+
+    return commands
+
+
+def torch_nodes(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """test_torch_nodes.py's two simulated nodes: a torchrun each (``python -m torch.distributed.run``,
+    this interpreter's), TORCH_NODES x TORCH_RANKS ranks meeting at one c10d rendezvous endpoint on
+    this machine, at a port free now."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    # a node that never comes fails the other after 120 s (join_timeout), not torchrun's 600
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(TORCH_NODES),
+                "--nproc-per-node", str(TORCH_RANKS), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", f"torch-nodes-{port}",
+                "--rdzv-conf", "join_timeout=120"]  # fmt: skip
+    module = ["-m", "shared_tests.sharding.test_torch_nodes", str(folder)]
+    return {f"node-{node}": [*torchrun, *module] for node in range(TORCH_NODES)}, env
+
+
 def random_plans(framework: str):
     """test_random_plans.py's process for ``framework``: JAX's child on 8 simulated CPU devices (its
     plans have up to 8), or torch's launcher, which forks each group's ranks from itself."""
@@ -145,6 +200,19 @@ def random_plans(framework: str):
         return {framework: [sys.executable, "-m", module, framework, str(folder)]}, env
 
     return commands
+
+
+def jax_results(sharded: Processes) -> tuple[dict, dict, pathlib.Path]:
+    """Wait for test_jax_sharding.py's children: (their arrays, their collectives per plan, their
+    folder); the output of any that failed in the failure."""
+    import numpy as np
+
+    sharded.check()
+    results, collectives = {}, {}
+    for part in CONFIGS:
+        results |= dict(np.load(sharded.folder / f"jax-{part}.npz"))
+        collectives |= json.loads((sharded.folder / f"jax-{part}.collectives.json").read_text())
+    return results, collectives, sharded.folder
 
 
 class SharedRuns:
@@ -173,6 +241,10 @@ SETS = {  # name: (the framework it needs, its commands)
     "jax": ("jax", jax_children),
     "jax-processes": ("jax", jax_processes),
     "torch": ("torch", torch_groups),
+    "torch-nodes": ("torch", torch_nodes),
+    "torch-checkpoints": ("torch", torch_checkpoints),
+    "lost-rank-torch": ("torch", lost_rank("torch")),
+    "lost-rank-jax": ("jax", lost_rank("jax")),
     "random-plans-jax": ("jax", random_plans("jax")),
     "random-plans-torch": ("torch", random_plans("torch")),
 }

@@ -3,7 +3,9 @@
 tensor parallel 2 on one 4-device mesh (the collectives cross the processes through gloo), and give
 one device's loss, gradients and 20 float64 Adam steps on the Llama-style decoder; both processes
 get the same numbers, bit for bit. A checkpoint (taken at step 10 and after the last) receives whole
-weights and Adam moments, and the steps after one go on unchanged.
+weights and Adam moments, and the steps after one go on unchanged. FSDP 4's run also saves sharded
+checkpoints (Orbax: each process writes its own shards), and the one at step 10 resumes under data
+parallel 2 x tensor parallel 2 in the same processes with the reference's losses and weights.
 
 One launch runs every plan in turn: processes.py starts ``python -m
 shared_tests.sharding.test_jax_processes FOLDER``, which spawns the two processes with
@@ -45,6 +47,8 @@ PLANS = {
     "fsdp-x-tp": Plan(fsdp=2, tensor_parallel=2),
 }
 CHECKPOINT_EVERY = 10  # steps: the weights and moments made whole, read, and split again
+SHARDED = "jax-processes-sharded"  # the sharded checkpoints' folder (a run's: step-10, step-20)
+SHARDED_PLANS = ("fsdp-4", "dp-x-tp")  # saved under the first (beside its whole checkpoints), resumed under the second
 
 
 # ------------------------------------------------------------------------------ the processes
@@ -76,11 +80,35 @@ def run_plans(folder: str) -> None:
 
         results[f"{name}/losses"] = sharding.sharded_train(
             model, [batch_of(trained)], STEPS, schedule(trained), plan=plan, checkpoint=checkpoint,
-            checkpoint_every=CHECKPOINT_EVERY,
+            checkpoint_every=CHECKPOINT_EVERY, run_record={"plan": name},
+            checkpoint_dir=f"{folder}/{SHARDED}" if name == SHARDED_PLANS[0] else None,
         )  # fmt: skip
         results[f"{name}/checkpoint-steps"] = steps
         results |= {f"{name}/weight/{n}": w for n, w in jax_impl.to_params(model).items()}
+    results |= resumed_across_processes(folder)
     np.savez(f"{folder}/jax-processes-{jax.process_index()}.npz", **results)
+
+
+def resumed_across_processes(folder: str) -> dict[str, np.ndarray]:
+    """The sharded checkpoint the FSDP 4 run saved at step CHECKPOINT_EVERY (each process its
+    shards, with Orbax), resumed under data parallel 2 x tensor parallel 2 to STEPS; and the whole
+    tensors of its last one (step STEPS), read back in this process by ``whole_tensors``."""
+    import jax_impl
+    from jax_impl import sharded_checkpoint, sharding
+    from transformer_run import sharded_checkpoint as folders
+
+    saved, resumed = SHARDED_PLANS
+    trained, directory = adam_config(MODEL), f"{folder}/{SHARDED}"
+    checkpoint = folders.read(folders.step_folder(directory, CHECKPOINT_EVERY))
+    assert checkpoint.plan == PLANS[saved] and checkpoint.run == {"plan": saved}
+    model = jax_impl.build_model(trained, init_params(trained, seed=1, dtype="float64"))  # overwritten
+    results = {"sharded/losses": np.array(sharding.sharded_train(
+        model, [batch_of(trained)], STEPS, schedule(trained), plan=PLANS[resumed], resume=checkpoint
+    ))}  # fmt: skip
+    results |= {f"sharded/weight/{n}": w for n, w in jax_impl.to_params(model).items()}
+    params, moments = sharded_checkpoint.whole_tensors(folders.step_folder(directory, STEPS))
+    results |= {f"sharded/whole/{n}": w for n, w in (params | moments).items()}
+    return results
 
 
 def launch(folder: str) -> int:
@@ -138,6 +166,28 @@ def test_twenty_adam_steps_across_processes_give_the_single_device_losses_and_we
         assert {n: g.shape for n, g in got.items()} == {n: w.shape for n, w in want.items()}, f"{key}: {what}"
         worst = max(max_relative_difference(got[n], w) for n, w in want.items())
         assert worst <= TOLERANCE["float64"], f"{key}: {what} after {STEPS} Adam steps differs by {worst:.2e}"
+
+
+def test_a_sharded_checkpoint_saved_across_processes_resumes_there_under_another_plan(processes, sharded_runs):
+    """FSDP 4's sharded checkpoint at step 10 (each process wrote its own devices' shards: its own
+    Orbax files), resumed under data parallel 2 x tensor parallel 2 on the same two processes: the
+    reference's losses and weights after STEPS steps, within 1e-12; the last checkpoint's tensors,
+    read whole by ``whole_tensors``, are those the whole checkpoint received at that step, exactly."""
+    import pathlib
+
+    from transformer_run.sharded_checkpoint import committed_steps, step_folder
+
+    results = processes[0]
+    want_losses, want_weights, want_moments = one_device_training(MODEL)
+    np.testing.assert_allclose(results["sharded/losses"], want_losses, rtol=TOLERANCE["float64"])
+    worst = max(max_relative_difference(results[f"sharded/weight/{n}"], w) for n, w in want_weights.items())
+    assert worst <= TOLERANCE["float64"], f"resumed: weights after {STEPS} Adam steps differ by {worst:.2e}"
+    for name in [*want_weights, *want_moments]:
+        assert np.array_equal(results[f"sharded/whole/{name}"], results[f"{SHARDED_PLANS[0]}/checkpoint/{name}"]), name
+    directory = sharded_runs["jax-processes"].folder / SHARDED
+    assert committed_steps(directory) == [CHECKPOINT_EVERY, STEPS]
+    folder = pathlib.Path(step_folder(directory, STEPS))
+    assert all((folder / "state" / f"ocdbt.process_{rank}").is_dir() for rank in range(PROCESSES))
 
 
 if __name__ == "__main__":  # the launcher: python -m shared_tests.sharding.test_jax_processes FOLDER

@@ -5,8 +5,9 @@ the paper's encoder-decoder give one device's loss and gradients (float64, and f
 pairs of ``cases.FLOAT32``) and 20 float64 Adam steps its losses and weights; the tensor-parallel
 blocks written with ``shard_map`` give the jit version's output with one all-reduce (the psum); the
 collectives of the compiled step are NumPy's written-out step's, kind by kind (where they differ,
-counted and explained below); dropout draws one device's masks; FSDP's memory per device; a sharded
-run's checkpoint (whole tensors, canonical names) loads into every backend.
+counted and explained below); with dropout, every plan is JAX's own single device with the same
+seed; FSDP's memory per device; a sharded run's checkpoint (whole tensors, canonical names) loads
+into every backend.
 
 The mesh's devices must be asked for before JAX starts, so two child processes, one per model, run
 side by side (processes.py starts them: ``python -m shared_tests.sharding.test_jax_sharding child
@@ -19,6 +20,7 @@ NumPy's test's.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
@@ -33,13 +35,15 @@ from transformer_spec import Config, init_params
 
 from .cases import (
     CONFIGS,
+    DROPOUT_SEED,
+    DROPOUT_STEPS,
     FLOAT32,
-    LLAMA,
     MEMORY_CASE,
     PLANS,
     STEPS,
     adam_config,
     batch_of,
+    dropout_config,
     gradient_error,
     one_device,
     one_device_training,
@@ -47,6 +51,7 @@ from .cases import (
     schedule,
 )
 from .processes import JAX_DEVICES as DEVICES
+from .processes import jax_results
 
 CHECKPOINTED = ("llama", "fsdp-x-tp")  # the run whose checkpoint every backend loads
 
@@ -55,7 +60,8 @@ CHECKPOINTED = ("llama", "fsdp-x-tp")  # the run whose checkpoint every backend 
 def child(folder: str, part: str) -> None:
     """On 4 simulated devices, for the model ``part`` (a name of CONFIGS): each plan's loss and
     gradients, 20 Adam steps (losses, final weights, a checkpoint), the collectives of its compiled
-    step; then EXTRAS[part]. Writes FOLDER/jax-PART.npz and FOLDER/jax-PART.collectives.json."""
+    step; then EXTRAS[part] (and for the Llama-style decoder test_jax_checkpoints.py's runs). Writes
+    FOLDER/jax-PART.npz and FOLDER/jax-PART.collectives.json."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -89,6 +95,10 @@ def child(folder: str, part: str) -> None:
         results |= {f"{key}/weight/{n}": w for n, w in jax_impl.to_params(model).items()}
     for extra in EXTRAS[part]:
         results |= extra()
+    if part == "llama":  # test_jax_checkpoints.py's runs: its tensor-parallel programs compiled above
+        from .jax_checkpoint_runs import checkpoint_runs
+
+        results |= checkpoint_runs(folder)
     np.savez(f"{folder}/jax-{part}.npz", **results)
     pathlib.Path(f"{folder}/jax-{part}.collectives.json").write_text(json.dumps(collectives))
 
@@ -108,28 +118,34 @@ def fsdp_memory() -> dict[str, np.ndarray]:
     return results
 
 
-# FSDP's data split (BatchRowsDropout), tensor parallel's blocks, and the two together inside one
-# shard_map (data parallel x tensor parallel draws its masks as FSDP x tensor parallel does: the
-# rows split the same way, only the weights' placement differs)
-DROPOUT_PLANS = ("fsdp", "tp", "fsdp-x-tp")
+# Dropout's runs, (model, plan) by the child that runs them (each is a program of its own to compile,
+# shared out so that the two children take about as long): every plan on the Llama-style decoder
+# (FSDP's rows, tensor parallel's heads and features, both in one shard_map), FSDP x tensor parallel
+# on the encoder-decoder (its cross-attention's heads too), and each model's single device
+DROPOUT_RUNS = {
+    "llama": (("llama", "fsdp"), ("llama", "tp"), ("llama", "fsdp-x-tp")),
+    "paper": (("llama", "one-device"), ("llama", "dp-x-tp"), ("paper", "one-device"), ("paper", "fsdp-x-tp")),
+}
 
 
-def with_dropout() -> dict[str, np.ndarray]:
-    """3 Adam steps of the Llama-style decoder with dropout 0.1 under each of DROPOUT_PLANS, and on
-    one device (JAX's own: the masks are each framework's generator's)."""
+def with_dropout(part: str) -> dict[str, np.ndarray]:
+    """DROPOUT_RUNS[part]: DROPOUT_STEPS Adam steps with dropout from DROPOUT_SEED under the plan, or
+    on one device (JAX's own: the masks are each framework's generator's): each step's loss, the final
+    weights and the dropout streams where they stand (JSON)."""
     import jax_impl
     from jax_impl import sharding
+    from jax_impl.train import dropout_streams
 
-    config = LLAMA.replace(dropout=0.1)
-    batches = [batch_of(config)]
-
-    def seeded():
-        return jax_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
-
-    results = {"dropout/one-device": np.array(jax_impl.train(seeded(), batches, 3, schedule(config)))}
-    for plan_name in DROPOUT_PLANS:
-        losses = sharding.sharded_train(seeded(), batches, 3, schedule(config), plan=PLANS[plan_name])
-        results[f"dropout/{plan_name}"] = np.array(losses)
+    results = {}
+    for model_name, plan_name in DROPOUT_RUNS[part]:
+        config, key = dropout_config(model_name), f"dropout/{model_name}/{plan_name}"
+        model = jax_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
+        train = jax_impl.train if plan_name == "one-device" else functools.partial(
+            sharding.sharded_train, plan=PLANS[plan_name])  # fmt: skip
+        losses = train(model, [batch_of(config)], DROPOUT_STEPS, schedule(config), seed=DROPOUT_SEED)
+        results[f"{key}/losses"] = np.array(losses)
+        results |= {f"{key}/weight/{n}": w for n, w in jax_impl.to_params(model).items()}
+        results[f"{key}/streams"] = np.array(json.dumps(dropout_streams(model)))
     return results
 
 
@@ -178,9 +194,11 @@ def shard_map_blocks() -> dict[str, np.ndarray]:
     return results
 
 
-# what else each child computes, after its model's plans (dropout's runs, the Llama-style
-# decoder's, in the encoder-decoder's child: the two children take about as long)
-EXTRAS = {"llama": (fsdp_memory,), "paper": (shard_map_blocks, with_dropout)}
+# what else each child computes, after its model's plans (and its share of dropout's runs)
+EXTRAS = {
+    "llama": (fsdp_memory, functools.partial(with_dropout, "llama")),
+    "paper": (shard_map_blocks, functools.partial(with_dropout, "paper")),
+}
 
 
 # ------------------------------------------------------------------------------ the tests
@@ -192,15 +210,7 @@ def sharded(sharded_runs):
     return sharded_runs["jax"]
 
 
-def results_of(sharded) -> tuple[dict[str, np.ndarray], dict, pathlib.Path]:
-    """Wait for the children: (their arrays, their collectives per plan, their folder); the output
-    of any that failed in the failure."""
-    sharded.check()
-    results, collectives = {}, {}
-    for part in CONFIGS:
-        results |= dict(np.load(sharded.folder / f"jax-{part}.npz"))
-        collectives |= json.loads((sharded.folder / f"jax-{part}.collectives.json").read_text())
-    return results, collectives, sharded.folder
+results_of = jax_results  # the children's arrays, their collectives, their folder
 
 
 @pytest.mark.parametrize("model_name", list(CONFIGS))
@@ -346,16 +356,28 @@ def test_the_compiled_step_runs_numpys_collectives_as_xla_rewrites_them(sharded,
     assert all(c["instructions"] == c["count"] for c in counted.values()), counted  # none packed
 
 
-def test_dropout_under_fsdp_draws_one_devices_masks_and_inside_tensor_parallel_blocks_each_devices_own(sharded):
-    """With dropout 0.1: FSDP's 3 Adam steps are one device's (each device draws the whole batch's
-    masks and keeps its rows: ``BatchRowsDropout``). Inside a tensor-parallel block each device
-    draws its own heads' and features' masks (Megatron's way), so those runs are not one device's,
-    but FSDP x tensor parallel's is tensor parallel's: splitting the rows changes no mask."""
+def test_with_dropout_every_plan_is_the_single_device_run_with_the_same_seed(sharded):
+    """Dropout 0.1, 3 float64 Adam steps from seed 5, against JAX's own single device (each
+    framework's masks are its generator's): every step's loss to 1e-12, the weights per tensor
+    within 1e-12 of its largest entry, the dropout streams (a checkpoint's) exactly where one
+    device's stand. Each device draws the one device's mask of the whole activation from the
+    Dropout's own stream and keeps its part (``WholeMaskDropout``): its rows under FSDP and data
+    parallel, its heads or hidden features inside a tensor-parallel block, both on the 2-D meshes.
+    The masks matter: without dropout the losses differ."""
     results, _, _ = results_of(sharded)
-    want = results["dropout/one-device"]
-    np.testing.assert_allclose(results["dropout/fsdp"], want, rtol=TOLERANCE["float64"])
-    np.testing.assert_allclose(results["dropout/fsdp-x-tp"], results["dropout/tp"], rtol=TOLERANCE["float64"])
-    assert np.all(np.isfinite(results["dropout/tp"])) and not np.allclose(results["dropout/tp"], want)
+    runs = [run for runs in DROPOUT_RUNS.values() for run in runs]
+    for model_name, plan_name in (run for run in runs if run[1] != "one-device"):
+        want, got = f"dropout/{model_name}/one-device", f"dropout/{model_name}/{plan_name}"
+        np.testing.assert_allclose(results[f"{got}/losses"], results[f"{want}/losses"], rtol=TOLERANCE["float64"],
+                                   err_msg=got)  # fmt: skip
+        names = [key.removeprefix(f"{want}/weight/") for key in results if key.startswith(f"{want}/weight/")]
+        worst = max(max_relative_difference(results[f"{got}/weight/{n}"], results[f"{want}/weight/{n}"])
+                    for n in names)  # fmt: skip
+        assert worst <= TOLERANCE["float64"], f"{got}: weights after {DROPOUT_STEPS} steps differ by {worst:.2e}"
+        assert str(results[f"{got}/streams"]) == str(results[f"{want}/streams"]), f"{got}: the dropout streams"
+    for model_name in {model_name for model_name, _ in runs}:
+        without = one_device_training(model_name)[0][:DROPOUT_STEPS]
+        assert np.max(np.abs(results[f"dropout/{model_name}/one-device/losses"] / without - 1)) > 1e-3
 
 
 def test_fsdp_over_4_devices_allocates_under_0_3_of_one_devices_bytes(sharded):

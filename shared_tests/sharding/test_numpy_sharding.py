@@ -1,13 +1,17 @@
 """NumPy's sharded step is the single-device step: every plan (FSDP, tensor parallel, FSDP x tensor
 parallel, data parallel x tensor parallel) on the Llama-style decoder and on the paper's
-encoder-decoder gives one device's logits, loss and gradients, and 20 Adam steps its weights; each
-step runs the collectives the plan names; FSDP over 4 devices holds under 0.3 of one device's bytes;
+encoder-decoder gives one device's logits, loss and gradients, and 20 Adam steps its weights; with
+dropout, 3 Adam steps from the same seed are one device's (each device draws the one device's masks
+and keeps its part), at a cost in random numbers measured per device; each step runs the
+collectives the plan names; FSDP over 4 devices holds under 0.3 of one device's bytes;
 a sharded run's checkpoint (whole tensors, canonical names) loads into every backend.
 
 The batch is padded unevenly, so that a data rank's loss must be weighed by its share of the global
 count of targets (data_parallel.py)."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -21,7 +25,9 @@ from numpy_impl.sharding import (
     sharded_loss_and_grads,
     sharded_train,
     step_collectives,
+    step_dropout_draws,
 )
+from numpy_impl.train import dropout_streams
 from transformer_backends.tolerances import TOLERANCE, max_relative_difference
 from transformer_run.checkpoint import load_checkpoint, save_checkpoint
 from transformer_run.sharding import Plan, fsdp_units, plan_weights
@@ -29,11 +35,14 @@ from transformer_spec import Config, init_params, param_schema
 
 from .cases import (
     CONFIGS,
+    DROPOUT_SEED,
+    DROPOUT_STEPS,
     LLAMA,
     PLANS,
     STEPS,
     adam_config,
     batch_of,
+    dropout_config,
     gradient_error,
     one_device,
     one_device_training,
@@ -73,6 +82,87 @@ def test_twenty_float64_adam_steps_give_the_single_device_weights(config_name, p
     worst = max(max_relative_difference(got[name], want[name]) for name in want)
     assert worst <= TOLERANCE["float64"], f"weights after {STEPS} Adam steps differ by {worst:.2e}"
     assert want_losses[-1] < want_losses[0]
+
+
+@functools.cache
+def one_device_with_dropout(name: str) -> tuple[list[float], dict[str, np.ndarray], list, list]:
+    """The single device trained DROPOUT_STEPS Adam steps with dropout from DROPOUT_SEED: (each step's
+    loss, the final weights, each step's checkpoint's dropout streams, the model's at the end)."""
+    config, states = dropout_config(name), []
+    model = numpy_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
+    losses = numpy_impl.train(model, [batch_of(config)], DROPOUT_STEPS, schedule(config), seed=DROPOUT_SEED,
+                              checkpoint=states.append, checkpoint_every=1)  # fmt: skip
+    return losses, numpy_impl.to_params(model), [s.dropout for s in states], dropout_streams(model)
+
+
+@pytest.mark.parametrize("plan_name", [*PLANS, "dp"])
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_with_dropout_every_plan_is_the_single_device_run_with_the_same_seed(config_name, plan_name):
+    """Dropout 0.1, 3 float64 Adam steps from seed 5: every step's loss to 1e-12, the weights per
+    tensor within 1e-12 of its largest entry, and every step's checkpoint's dropout streams (and the
+    model's at the end) exactly one device's: each device draws the one device's mask of the whole
+    activation and keeps its part (``WholeMaskDropout``: its rows, heads or hidden features), so one
+    device resumed from the sharded run's first checkpoint draws the masks it would have drawn: the
+    same losses. Data parallel alone ("dp") too. The masks matter: without dropout the losses
+    differ."""
+    config = dropout_config(config_name)
+    plan = PLANS.get(plan_name, Plan(data_parallel=2))
+    want_losses, want, want_streams, want_end = one_device_with_dropout(config_name)
+    model, saved = numpy_impl.build_model(config, init_params(config, seed=0, dtype="float64")), []
+
+    def checkpoint(state) -> None:  # the state and the weights it goes with
+        saved.append((state, numpy_impl.to_params(model)))
+
+    losses = sharded_train(model, [batch_of(config)], DROPOUT_STEPS, schedule(config), seed=DROPOUT_SEED,
+                           plan=plan, checkpoint=checkpoint, checkpoint_every=1)  # fmt: skip
+    np.testing.assert_allclose(losses, want_losses, rtol=TOLERANCE["float64"])
+    got = numpy_impl.to_params(model)
+    worst = max(max_relative_difference(got[name], want[name]) for name in want)
+    assert worst <= TOLERANCE["float64"], f"{plan}: weights after {DROPOUT_STEPS} steps differ by {worst:.2e}"
+    assert [state.dropout for state, _ in saved] == want_streams, "the checkpoints' dropout streams"
+    assert dropout_streams(model) == want_end
+    state, weights = saved[0]  # one device resumes the sharded run after its first step: the same run
+    resumed = numpy_impl.train(numpy_impl.build_model(config, weights), [batch_of(config)], DROPOUT_STEPS,
+                               schedule(config), seed=DROPOUT_SEED, resume=state)  # fmt: skip
+    np.testing.assert_allclose(resumed, want_losses, rtol=TOLERANCE["float64"])
+    without_dropout = one_device_training(config_name)[0][:DROPOUT_STEPS]
+    assert np.max(np.abs(np.array(want_losses) / without_dropout - 1)) > 1e-3
+
+
+def dropout_numbers(config: Config, batch: dict[str, np.ndarray]) -> tuple[int, int]:
+    """(the random numbers one device draws for one step's dropout masks, those of them inside a
+    tensor-parallel block), from the shapes: each attention's weights (B, H, T_q, T_k) and each
+    feed-forward's hidden features (B, T, d_ff) are inside a block; the embeddings' output and each
+    sub-layer's output, (B, T, d_model) each, are whole on every model rank."""
+    b, h, d, f = len(batch[next(iter(batch))]), config.num_heads, config.d_model, config.d_ff
+    t = batch["tgt_in" if config.uses_encoder else "ids"].shape[1]
+    s = batch["src_ids"].shape[1] if config.uses_encoder else None
+    keys = [t, s] if config.decoder_has_cross_attention else [t]  # the decoder's attentions' T_k
+    stacks = [(t, config.num_decoder_layers, keys)] + ([(s, config.num_encoder_layers, [s])] if s else [])
+    inside = outside = 0
+    for length, layers, key_lengths in stacks:
+        outside += b * length * d  # the embeddings' output
+        for _ in range(layers):
+            inside += sum(b * h * length * k for k in key_lengths) + b * length * f
+            outside += (len(key_lengths) + 1) * b * length * d  # each sub-layer's output
+    return outside + inside, inside
+
+
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_each_device_draws_one_devices_random_numbers_and_keeps_its_share(config_name):
+    """The cost of drawing the one device's masks (``step_dropout_draws``, device 0 in one step):
+    under every plan it draws every random number one device draws, and keeps 1/D of those of the
+    masks whole along ``model`` and 1/(D K) of those inside a tensor-parallel block (D data ranks,
+    K model ranks): each device draws D times (D K times) its share."""
+    config = dropout_config(config_name)
+    model, batch = numpy_impl.build_model(config, init_params(config, seed=0, dtype="float64")), batch_of(config)
+    total, inside = dropout_numbers(config, batch)
+    one = step_dropout_draws(model, batch, Plan())
+    assert one["drawn"] == one["kept"] == total
+    for plan in [*PLANS.values(), Plan(data_parallel=2), Plan(fsdp=4), Plan(data_parallel=4, tensor_parallel=2)]:
+        draws = step_dropout_draws(model, batch, plan)
+        d, k = plan.data, plan.tensor_parallel
+        assert draws == {"masks": one["masks"], "drawn": total, "kept": (total - inside) // d + inside // (d * k)}
 
 
 def expected_collectives(config: Config, plan: Plan) -> dict[str, int]:

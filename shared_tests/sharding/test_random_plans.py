@@ -80,8 +80,8 @@ def every_plan(devices: int = 8) -> list[Plan]:
 @st.composite
 def sharded_cases(draw, kinds: tuple[str, ...] = KINDS) -> tuple[Config, Plan]:
     """A plan, and a model of ``helpers.configs`` (every switch drawn) with sizes drawn for it,
-    without dropout (under tensor parallel each device draws its own masks: test_jax_sharding.py's
-    dropout test)."""
+    without dropout (the loss and gradients of one pass; dropout's runs, where every device draws the
+    one device's masks, are test_<backend>_sharding.py's)."""
     plan = draw(st.sampled_from(every_plan()))
     k, f = plan.tensor_parallel, plan.fsdp
     base = draw(configs(kinds))

@@ -2,7 +2,8 @@
 (``parallelize_module``), FSDP x tensor parallel and data parallel x tensor parallel, over gloo
 processes, on the Llama-style decoder and the paper's encoder-decoder, give one device's logits,
 loss and gradients (float64, and float32 for the pairs of ``cases.FLOAT32``) and 20 float64 Adam
-steps its weights; each step runs, by kind, the collectives NumPy's written-out step names, as many
+steps its weights; with dropout, 3 Adam steps from the same seed are torch's own single device's
+(losses, weights, the generator's state); each step runs, by kind, the collectives NumPy's written-out step names, as many
 and as large; FSDP over 4 processes holds under 0.3 of one device's weights, gradients and Adam
 moments; a sharded run's checkpoint (whole tensors, canonical names) loads into every backend with
 one device's weights and moments.
@@ -20,6 +21,7 @@ what it measured to an .npz for the tests to hold to one device: the reference's
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import pathlib
 import sys
@@ -32,11 +34,14 @@ from transformer_run.sharding import Plan
 
 from .cases import (
     CONFIGS,
+    DROPOUT_SEED,
+    DROPOUT_STEPS,
     FLOAT32,
     MEMORY_CASE,
     STEPS,
     adam_config,
     batch_of,
+    dropout_config,
     gradient_error,
     one_device,
     one_device_training,
@@ -112,6 +117,13 @@ def child(processes: int, out: str, rank: int, init_file: str) -> None:
                                    checkpoint_every=STEPS)  # fmt: skip
             results[f"{key}/curve"] = np.array(losses)
             results |= {f"{key}/trained/{n}": w for n, w in torch_impl.to_params(model).items()}
+            config, states = dropout_config(model_name), []  # with dropout, from another seed
+            model = torch_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
+            losses = sharded_train(model, [batch], DROPOUT_STEPS, schedule(config), seed=DROPOUT_SEED, plan=plan,
+                                   checkpoint=states.append)  # fmt: skip
+            results[f"{key}/dropout/losses"] = np.array(losses)
+            results[f"{key}/dropout/streams"] = np.array(states[-1].dropout) if states else np.array("")
+            results |= {f"{key}/dropout/weight/{n}": w for n, w in torch_impl.to_params(model).items()}
     if "fsdp-4" in GROUPS[processes]:  # the fullest rank's peak, measured by torch's FSDP tracker
         params = init_params(MEMORY_CASE, seed=0, dtype="float32")
         model = torch_impl.build_model(MEMORY_CASE, params)
@@ -164,6 +176,7 @@ def test_fsdp_and_tensor_parallel_over_2_processes_equal_one_device(groups):
         for model_name in CONFIGS:
             check_logits_loss_and_gradients(results, plan_name, model_name)
             check_twenty_adam_steps(results, plan_name, model_name)
+            check_dropout(results, plan_name, model_name)
             check_collectives(results, plan_name, model_name)
 
 
@@ -175,6 +188,7 @@ def test_2d_meshes_and_fsdp_over_4_processes_equal_one_device(groups):
         for plan_name in ("fsdp-x-tp", "dp-x-tp"):
             check_logits_loss_and_gradients(results, plan_name, model_name)
             check_twenty_adam_steps(results, plan_name, model_name)
+            check_dropout(results, plan_name, model_name)
         for plan_name in GROUPS[4]:
             check_collectives(results, plan_name, model_name)
         check_checkpoint(groups.folder / "group-4.npz", model_name)
@@ -204,6 +218,38 @@ def check_twenty_adam_steps(results, plan_name: str, model_name: str) -> None:
     for name, weight in want.items():
         error = max_relative_difference(results[f"{key}/trained/{name}"], weight)
         assert error <= TOLERANCE["float64"], f"{key}: {name} differs by {error:.2e} after {STEPS} steps"
+
+
+@functools.cache
+def one_device_with_dropout(model_name: str) -> tuple[np.ndarray, dict[str, np.ndarray], str]:
+    """torch's own single device (each framework's masks are its generator's) trained DROPOUT_STEPS
+    Adam steps with dropout from DROPOUT_SEED: (each step's loss, the final weights, the dropout
+    streams its checkpoint holds after the last step)."""
+    import torch_impl
+    from transformer_spec import init_params
+
+    config, states = dropout_config(model_name), []
+    model = torch_impl.build_model(config, init_params(config, seed=0, dtype="float64"))
+    losses = torch_impl.train(model, [batch_of(config)], DROPOUT_STEPS, schedule(config), seed=DROPOUT_SEED,
+                              checkpoint=states.append)  # fmt: skip
+    return np.array(losses), torch_impl.to_params(model), states[-1].dropout
+
+
+def check_dropout(results, plan_name: str, model_name: str) -> None:
+    """Dropout 0.1, 3 float64 Adam steps from seed 5, against torch's own single device: every
+    step's loss to 1e-12, the weights per tensor within 1e-12 of its largest entry, and the
+    checkpoint's dropout streams (torch's generator) exactly one device's: each rank draws the one
+    device's mask of the whole activation and keeps its part (``WholeMaskDropout``: its rows, its
+    heads or hidden features). The masks matter: without dropout the losses differ."""
+    key = f"{plan_name}/{model_name}/dropout"
+    want_losses, want, want_streams = one_device_with_dropout(model_name)
+    np.testing.assert_allclose(results[f"{key}/losses"], want_losses, rtol=TOLERANCE["float64"], err_msg=key)
+    for name, weight in want.items():
+        error = max_relative_difference(results[f"{key}/weight/{name}"], weight)
+        assert error <= TOLERANCE["float64"], f"{key}: {name} differs by {error:.2e} after {DROPOUT_STEPS} steps"
+    assert str(results[f"{key}/streams"]) == want_streams, f"{key}: the checkpoint's dropout streams"
+    without = one_device_training(model_name)[0][:DROPOUT_STEPS]
+    assert np.max(np.abs(want_losses / without - 1)) > 1e-3
 
 
 def check_collectives(results, plan_name: str, model_name: str) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from transformer_backends.tolerances import TOLERANCE
-from transformer_run.data_parallel import check_data_parallel, rank_seed, shard, shard_weights
+from transformer_run.data_parallel import check_data_parallel, shard, shard_weights
 from transformer_run.mixed_precision import BUDGET as BF16_BUDGET
 from transformer_run.mixed_precision import gradients_error
 from transformer_run.schedules import warmup_schedule
@@ -43,6 +43,7 @@ STEPS = 20
 # wider: there that noise alone, single device against float64, reads 1.2e-5 at a 1e-3 floor.
 FLOOR = {"float64": 1e-3, "float32": 1e-2}
 CHILD_TIMEOUT = 240  # seconds; the children take ~15 s here, side by side
+DROPOUT, DROPOUT_STEPS, DROPOUT_SEED = 0.3, 3, 1  # the runs with dropout: each backend against its own
 
 
 
@@ -110,31 +111,30 @@ def test_numpy_data_parallel_adam_steps_follow_the_single_device_curve():
     assert want[-1] < want[0]
 
 
-def test_each_replica_draws_its_own_reproducible_dropout_masks():
-    """Replica r seeds its dropout with rank_seed(seed, r): rank 0 keeps the run's seed, the others
-    differ from it and from each other; the same seed gives the same run."""
+def with_dropout(impl, train, seed: int = DROPOUT_SEED, **kwargs) -> tuple[np.ndarray, object]:
+    """DROPOUT_STEPS float64 Adam steps of tiny-lm with dropout DROPOUT by ``train`` (``impl.train``, or
+    ``impl.data_parallel_train`` with ``data_parallel=N``) from ``seed``: (each step's loss, the model)."""
+    config = LM.replace(dropout=DROPOUT)
+    model = impl.build_model(config, init_params(config, seed=0, dtype="float64"))
+    losses = train(model, [padded_batch(config)], DROPOUT_STEPS, schedule(config), seed=seed, **kwargs)
+    return np.array(losses), model
+
+
+@pytest.mark.parametrize("shards", [2, 4])
+def test_with_dropout_the_replicas_step_is_the_single_device_step_with_the_same_seed(shards):
+    """Every replica draws the one device's mask of the whole batch, from the one device's streams,
+    and keeps its rows (sharding.py's ``WholeMaskDropout``): 3 float64 Adam steps with dropout 0.3 are
+    the single device's from the same seed, to 1e-12, and the streams end where its end; another seed
+    is another run. torch's and JAX's replicas: test_data_parallel_step_equals_the_single_device_step."""
     import numpy_impl
+    from numpy_impl.train import dropout_streams
 
-    assert rank_seed(7, 0) == 7 and len({rank_seed(7, r) for r in range(4)} | {8, 9, 10}) == 7
-    config = LM.replace(dropout=0.3)
-    params = init_params(config, seed=0, dtype="float64")
-
-    def run(seed: int) -> list[float]:
-        model = numpy_impl.build_model(config, params)
-        return numpy_impl.data_parallel_train(model, [padded_batch(config)], 3, schedule(config), seed=seed,
-                                              data_parallel=2)  # fmt: skip
-
-    assert run(1) == run(1) != run(2)
-    # two replicas with one seed each would draw the same mask for equal rows: the shards' masks differ
-    batch = padded_batch(config)
-    batch = {key: np.concatenate([value[:4], value[:4]]) for key, value in batch.items()}  # shard 1 = shard 0
-    model = numpy_impl.build_model(config, params)
-    a = numpy_impl.data_parallel_train(model, [batch], 1, schedule(config), seed=1, data_parallel=2)
-    model = numpy_impl.build_model(config, params)
-    numpy_impl.seed_dropout(model, 1)
-    model.train()
-    one_mask = numpy_impl.loss_and_grads(model, shard(config, batch, 0, 2))[0]  # rank 0's loss alone
-    assert a[0] != one_mask  # rank 1's masks are not rank 0's
+    want, one = with_dropout(numpy_impl, numpy_impl.train)
+    got, replicas = with_dropout(numpy_impl, numpy_impl.data_parallel_train, data_parallel=shards)
+    np.testing.assert_allclose(got, want, rtol=TOLERANCE["float64"])
+    assert dropout_streams(replicas) == dropout_streams(one)
+    other, _ = with_dropout(numpy_impl, numpy_impl.data_parallel_train, DROPOUT_SEED + 1, data_parallel=shards)
+    assert np.max(np.abs(other / want - 1)) > 1e-3
 
 
 @pytest.mark.parametrize(
@@ -201,6 +201,7 @@ def child(backend: str, out: str, rank: int = 0, init_file: str = "") -> None:
     results |= {f"bfloat16/grad/{name}": grad for name, grad in grads.items()}
     model = impl.build_model(LM, init_params(LM, seed=0, dtype="float64"))
     results["curve"] = impl.data_parallel_train(model, [batch], STEPS, schedule(LM), data_parallel=REPLICAS[backend])
+    results["dropout"] = with_dropout(impl, impl.data_parallel_train, data_parallel=REPLICAS[backend])[0]
     if backend == "jax":
         from jax_impl.data_parallel import data_parallel_mesh, shard_batch
 
@@ -294,7 +295,9 @@ def children(tmp_path_factory):
 @pytest.mark.parametrize("backend", list(REPLICAS))
 def test_data_parallel_step_equals_the_single_device_step(children, backend):
     """torch: 2 DDP processes; JAX: 4 simulated devices. Gradients (float64, float32) against the same
-    backend's single device, and 20 float64 Adam steps against the single-device loss curve."""
+    backend's single device, 20 float64 Adam steps against the single-device loss curve, and 3 with
+    dropout against the same backend's single device from the same seed (each replica draws the one
+    device's masks and keeps its rows; the masks are each framework's generator's)."""
     import numpy_impl
 
     needs(backend)
@@ -309,6 +312,7 @@ def test_data_parallel_step_equals_the_single_device_step(children, backend):
     want_bf16_loss, want_bf16 = mixed(model, padded_batch(LM))
     model = numpy_impl.build_model(LM, init_params(LM, seed=0, dtype="float64"))
     curve = np.array(numpy_impl.train(model, [padded_batch(LM)], STEPS, schedule(LM)))
+    dropout, _ = with_dropout(impl, impl.train)  # the backend's own single device: its own masks
     results = children.results(backend)
     # bf16 (mixed precision): the same loss; the gradients up to bf16's rounding of each replica's own
     # (test_mixed_precision.py's numpy test says why), within the bf16 budget
@@ -324,6 +328,8 @@ def test_data_parallel_step_equals_the_single_device_step(children, backend):
         )
     error = float(np.max(np.abs(results["curve"] - curve) / curve))
     assert error <= CURVE_TOLERANCE, f"{backend}: loss curves differ by {error:.2e} (> {CURVE_TOLERANCE:.0e})"
+    # with dropout: each replica draws the one device's masks and keeps its rows
+    np.testing.assert_allclose(results["dropout"], dropout, rtol=TOLERANCE["float64"], err_msg=f"{backend} dropout")
     if backend == "jax":  # the batch really was split: 2 rows on each of 4 devices
         assert int(results["devices"]) == 4 and int(results["rows_per_device"]) == 2
 
