@@ -141,3 +141,14 @@ def checkpoint_train(plan: Plan, steps: int, **options):
 def uninterrupted() -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """RESUMED_STEPS steps on one device, never stopped: the curve and weights every resumed run must give."""
     return checkpoint_train(Plan(), RESUMED_STEPS)
+
+
+def assert_uninterrupted(losses, weights: dict[str, np.ndarray], what: str) -> None:
+    """``losses`` and ``weights`` after RESUMED_STEPS are ``uninterrupted()``'s: the losses within 1e-12,
+    every tensor within 1e-12 of its largest entry (float64)."""
+    from transformer_backends.tolerances import TOLERANCE, max_relative_difference
+
+    want_losses, want_weights = uninterrupted()
+    np.testing.assert_allclose(losses, want_losses, rtol=TOLERANCE["float64"], atol=0, err_msg=what)
+    worst = max(max_relative_difference(weights[n], w) for n, w in want_weights.items())
+    assert worst <= TOLERANCE["float64"], f"{what}: weights after {RESUMED_STEPS} steps differ by {worst:.2e}"

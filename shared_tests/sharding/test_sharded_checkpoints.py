@@ -23,7 +23,16 @@ from transformer_run.sharding import Plan
 from transformer_spec import WeightsFileError, init_params
 from transformer_spec.io import FORMAT, write_safetensors
 
-from .cases import MEMORY_CASE, RESUMED_STEPS, SAVE_AT, adam_config, batch_of, checkpoint_train, schedule, uninterrupted
+from .cases import (
+    MEMORY_CASE,
+    RESUMED_STEPS,
+    SAVE_AT,
+    adam_config,
+    assert_uninterrupted,
+    batch_of,
+    checkpoint_train,
+    schedule,
+)
 
 SAVED = {"fsdp-4": Plan(fsdp=4), "tp-2": Plan(tensor_parallel=2), "fsdp-2-x-tp-2": Plan(fsdp=2, tensor_parallel=2)}
 RESUMED = SAVED | {"dp-2": Plan(data_parallel=2), "one-device": Plan()}
@@ -38,13 +47,6 @@ def saved(tmp_path_factory) -> dict[str, str]:
     return folders
 
 
-def _same_run(losses, weights, what: str) -> None:
-    want_losses, want_weights = uninterrupted()
-    np.testing.assert_allclose(losses, want_losses, rtol=TOLERANCE["float64"], atol=0, err_msg=what)
-    worst = max(max_relative_difference(weights[n], w) for n, w in want_weights.items())
-    assert worst <= TOLERANCE["float64"], f"{what}: weights after {RESUMED_STEPS} steps differ by {worst:.2e}"
-
-
 @pytest.mark.parametrize("resumed", list(RESUMED))
 @pytest.mark.parametrize("saved_under", list(SAVED))
 def test_a_checkpoint_saved_under_one_plan_resumes_under_another(saved, saved_under, resumed):
@@ -54,7 +56,7 @@ def test_a_checkpoint_saved_under_one_plan_resumes_under_another(saved, saved_un
     checkpoint = sharded_checkpoint.read(saved[saved_under])
     assert (checkpoint.framework, checkpoint.plan, checkpoint.state.step) == ("numpy", SAVED[saved_under], SAVE_AT)
     losses, weights = checkpoint_train(RESUMED[resumed], RESUMED_STEPS, resume=checkpoint)
-    _same_run(losses, weights, f"saved under {saved_under}, resumed under {resumed}")
+    assert_uninterrupted(losses, weights, f"saved under {saved_under}, resumed under {resumed}")
 
 
 def test_each_device_writes_its_own_pieces_and_nothing_whole(saved):
@@ -112,7 +114,7 @@ def test_consolidate_writes_the_whole_run_into_one_file_every_backend_resumes(sa
         model = numpy_impl.build_model(file.config, file.params)
         losses = sharded_train(model, [batch_of(file.config)], RESUMED_STEPS, schedule(file.config), plan=plan,
                                resume=file.state)  # fmt: skip
-        _same_run(np.array(losses), numpy_impl.to_params(model), f"consolidated from {saved_under}, under {plan}")
+        assert_uninterrupted(np.array(losses), numpy_impl.to_params(model), f"consolidated from {saved_under}, under {plan}")
 
 
 def test_saving_under_fsdp_4_holds_a_device_s_pieces_and_one_tensor(tmp_path):
