@@ -220,7 +220,7 @@ SLOW = {
         "test_whole_tensors_reads_the_saved_weights_and_moments_by_their_canonical_names",
         "test_a_save_killed_before_its_commit_is_never_read",
     },
-    # a lost rank: three torchrun jobs and three jobs of 2 JAX processes, each restarted once
+    # a lost rank: two torchrun jobs and two jobs of 2 JAX processes, the second restarted twice
     "sharding/test_lost_rank.py": {"test_a_job_that_loses_a_rank_ends_bit_for_bit_where_the_uninterrupted_one_ends"},
     # each chapter of the course in a fresh kernel (the real SmolLM2 chapter the longest), JupyterLab in Chromium
     "notebooks/test_notebooks.py": {

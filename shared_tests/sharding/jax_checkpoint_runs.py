@@ -78,6 +78,9 @@ def checkpoint_runs(folder: str) -> dict[str, np.ndarray]:
     for saved in SAVED:
         checkpoint = folders.read(directory[saved])  # the killed save's partial folder not among them
         params, moments = sharded_checkpoint.whole_tensors(checkpoint.folder)
+        # one file, for test_jax_s_checkpoint_consolidated_resumes_in_numpy (consolidated here: Orbax and
+        # TensorStore stay out of the pytest workers, whose later tests would share a process with their threads)
+        folders.consolidate(directory[saved], f"{directory[saved]}.safetensors")
         results |= {f"checkpoints/{saved}/whole/weight/{n}": w for n, w in params.items()}
         results |= {f"checkpoints/{saved}/whole/moment/{n}": m for n, m in moments.items()}
         for resumed, plan in RESUMED.items():

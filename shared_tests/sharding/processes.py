@@ -38,14 +38,17 @@ class Processes:
         self.processes, self.recorder = {}, None
         # a fault planned by a test of this worker (test_lost_rank.py's, in its environment) is not theirs
         env = {k: v for k, v in env.items() if k != "TRANSFORMER_REF_FAULT"}
+        self.starter, self.ended = os.getpid(), None
         try:
-            os.close(os.open(folder / f"{name}.started", os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            return  # another worker runs them
-        for label, command in commands.items():
-            self.processes[label] = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
+            started = os.open(folder / f"{name}.started", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:  # another worker runs them: which one
+            self.starter = self._starter(folder / f"{name}.started")
+            return
+        os.write(started, str(self.starter).encode())
+        os.close(started)
+        for label, command in commands.items():  # each killed if this worker dies (nobody would read it)
+            self.processes[label] = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                                     stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)  # fmt: skip
         self.recorder = threading.Thread(target=self._record, daemon=True)
         self.recorder.start()
 
@@ -62,10 +65,32 @@ class Processes:
         partial.write_text(json.dumps(ended))
         partial.replace(self.record)  # whole, at once: another worker may be reading
 
+    @staticmethod
+    def _starter(path: pathlib.Path) -> int | None:
+        """The pid of the worker that started a set (written just after the file was made)."""
+        for _ in range(100):
+            text = path.read_text()
+            if text:
+                return int(text)
+            time.sleep(0.05)
+        return None
+
     def wait(self) -> dict[str, dict]:
-        """-> {label: {"returncode", "stdout", "stderr"}} once every process has ended."""
+        """-> {label: {"returncode", "stdout", "stderr"}} once every process has ended. If they never
+        will (the worker that started them died: a crash, a kill), the answer says so at once, and
+        the next test asking is told the same without waiting again."""
+        if self.ended is None:
+            self.ended = self._wait()
+        return self.ended
+
+    def _wait(self) -> dict[str, dict]:
         deadline = time.monotonic() + TIMEOUT + 30
         while not self.record.exists() and time.monotonic() < deadline:
+            if self.starter is not None and not _alive(self.starter):
+                time.sleep(1.0)  # its record may be landing
+                if not self.record.exists():
+                    why = f"the pytest worker that started them (pid {self.starter}) died first"
+                    return {"all": {"returncode": None, "stdout": "", "stderr": why}}
             time.sleep(0.5)
         if not self.record.exists():
             return {"all": {"returncode": None, "stdout": "", "stderr": f"no record after {TIMEOUT} s"}}
@@ -85,6 +110,16 @@ class Processes:
         tests may be waiting for them), within the timeout."""
         if self.recorder is not None:
             self.recorder.join()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def die_with_parent() -> None:

@@ -76,17 +76,15 @@ def test_numpy_s_checkpoint_consolidated_resumes_in_jax_under_each_plan(runs, re
 
 @pytest.mark.parametrize("resumed", list(RESUMED))
 @pytest.mark.parametrize("saved", list(SAVED))
-def test_jax_s_checkpoint_consolidated_resumes_in_numpy(runs, saved, resumed, tmp_path):
-    """Each of JAX's checkpoints (Orbax's files) as one file, resumed by NumPy's reference under
-    each plan: the uninterrupted run's curve and weights."""
+def test_jax_s_checkpoint_consolidated_resumes_in_numpy(runs, saved, resumed):
+    """Each of JAX's checkpoints (Orbax's files) as one file (``consolidate``, run in the child),
+    resumed by NumPy's reference under each plan: the uninterrupted run's curve and weights."""
     import numpy_impl
     from numpy_impl.sharding import sharded_train
     from transformer_run.checkpoint import load_checkpoint
-    from transformer_run.sharded_checkpoint import consolidate
 
     results, folder = runs
-    consolidate(os.path.join(folder, "jax-sharded", saved), tmp_path / "run.safetensors")
-    file = load_checkpoint(tmp_path / "run.safetensors")
+    file = load_checkpoint(os.path.join(folder, "jax-sharded", f"{saved}.safetensors"))
     model = numpy_impl.build_model(file.config, file.params)
     losses = sharded_train(model, [batch_of(file.config)], STEPS, schedule(file.config), plan=RESUMED[resumed],
                            resume=file.state)  # fmt: skip
