@@ -206,6 +206,7 @@ SLOW = {
     "sharding/test_torch_checkpoints.py": {
         "test_torch_s_checkpoint_saved_under_one_plan_resumes_under_another",
         "test_torch_s_checkpoint_consolidated_resumes_in_numpy",
+        "test_torch_s_checkpoint_consolidated_resumes_in_jax",
         "test_torch_s_checkpoint_holds_each_rank_s_shards_and_consolidates",
         "test_numpy_s_checkpoint_consolidated_resumes_in_torch_under_a_plan",
         "test_saving_under_fsdp_4_holds_each_rank_s_own_shards",
@@ -216,6 +217,7 @@ SLOW = {
         "test_a_run_saved_under_one_plan_resumes_under_another_as_if_never_stopped",
         "test_numpy_s_checkpoint_consolidated_resumes_in_jax_under_each_plan",
         "test_jax_s_checkpoint_consolidated_resumes_in_numpy",
+        "test_jax_s_checkpoint_consolidated_resumes_in_torch",
         "test_restore_places_every_weight_and_moment_as_the_new_plan_does_and_sets_adams_step",
         "test_whole_tensors_reads_the_saved_weights_and_moments_by_their_canonical_names",
         "test_a_save_killed_before_its_commit_is_never_read",

@@ -47,8 +47,8 @@ class Processes:
         os.write(started, str(self.starter).encode())
         os.close(started)
         for label, command in commands.items():  # each killed if this worker dies (nobody would read it)
-            self.processes[label] = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                                     stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)  # fmt: skip
+            self.processes[label] = subprocess.Popen([*WITH_PARENT, *command], cwd=ROOT, env=env,
+                                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         self.recorder = threading.Thread(target=self._record, daemon=True)
         self.recorder.start()
 
@@ -130,6 +130,14 @@ def die_with_parent() -> None:
         import signal
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+# A command run as ``[*WITH_PARENT, *command]`` dies with the process that started it (Linux's parent-death
+# signal, set in a small interpreter that then becomes the command; kept across exec). Not Popen's
+# preexec_fn: that runs Python in the forked child of a worker whose other threads (JAX's) may hold its locks.
+WITH_PARENT = [sys.executable, "-c", "import ctypes, os, sys\n"
+               "if sys.platform.startswith('linux'):\n    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n"
+               "os.execv(sys.argv[1], sys.argv[1:])"]  # fmt: skip
 
 
 def _rank(target, args: tuple) -> None:

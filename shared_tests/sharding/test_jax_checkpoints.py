@@ -15,6 +15,7 @@ checkpoint folders into FOLDER/jax-sharded/<plan>; the tests read both.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -91,6 +92,25 @@ def test_jax_s_checkpoint_consolidated_resumes_in_numpy(runs, saved, resumed):
     np.testing.assert_allclose(losses, results["checkpoints/reference/losses"], rtol=TOLERANCE["float64"])
     want = _weights(results, "checkpoints/reference/weight-end")
     got = numpy_impl.to_params(model)
+    assert max(max_relative_difference(got[n], w) for n, w in want.items()) <= TOLERANCE["float64"]
+
+
+@pytest.mark.parametrize("saved", list(SAVED))
+def test_jax_s_checkpoint_consolidated_resumes_in_torch(runs, saved):
+    """Each of JAX's checkpoints as one file, resumed by torch on one device (``train`` with the
+    file's state): the uninterrupted run's curve and weights. (torch's sharded runs resume such a
+    file under each plan in test_torch_checkpoints.py: NumPy's, consolidated.)"""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    import torch_impl
+    from transformer_run.checkpoint import load_checkpoint
+
+    results, folder = runs
+    file = load_checkpoint(os.path.join(folder, "jax-sharded", f"{saved}.safetensors"))
+    model = torch_impl.build_model(file.config, file.params)
+    losses = torch_impl.train(model, [batch_of(file.config)], STEPS, schedule(file.config), resume=file.state)
+    np.testing.assert_allclose(losses, results["checkpoints/reference/losses"], rtol=TOLERANCE["float64"])
+    want, got = _weights(results, "checkpoints/reference/weight-end"), torch_impl.to_params(model)
     assert max(max_relative_difference(got[n], w) for n, w in want.items()) <= TOLERANCE["float64"]
 
 

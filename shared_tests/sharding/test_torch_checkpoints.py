@@ -18,6 +18,7 @@ three on one device. Each group's rank 0 writes an .npz.
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 import sys
 
@@ -197,6 +198,24 @@ def test_torch_s_checkpoint_consolidated_resumes_in_numpy(groups, saved, resumed
     losses = sharded_train(model, [batch_of(file.config)], RESUMED_STEPS, schedule(file.config),
                            plan=RESUMED[resumed], resume=file.state)  # fmt: skip
     assert_uninterrupted(np.array(losses), numpy_impl.to_params(model), "resumed in NumPy")
+
+
+@pytest.mark.parametrize("saved", list(SAVED))
+def test_torch_s_checkpoint_consolidated_resumes_in_jax(groups, saved, tmp_path):
+    """Each of torch's checkpoints as one file, resumed by JAX on one device (``train`` with the
+    file's state): the uninterrupted run. (JAX's sharded runs resume such a file under each plan in
+    test_jax_checkpoints.py: NumPy's, consolidated.)"""
+    if importlib.util.find_spec("jax") is None:
+        pytest.skip("jax is not installed")
+    import jax_impl
+    from transformer_run.checkpoint import load_checkpoint
+
+    folder, _ = groups
+    sharded_checkpoint.consolidate(folder / f"saved-{saved}", tmp_path / "run.safetensors")
+    file = load_checkpoint(tmp_path / "run.safetensors")
+    model = jax_impl.build_model(file.config, file.params)
+    losses = jax_impl.train(model, [batch_of(file.config)], RESUMED_STEPS, schedule(file.config), resume=file.state)
+    assert_uninterrupted(np.array(losses), jax_impl.to_params(model), "resumed in JAX")
 
 
 def test_torch_s_checkpoint_holds_each_rank_s_shards_and_consolidates(groups, tmp_path):
