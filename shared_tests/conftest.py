@@ -221,6 +221,7 @@ SLOW = {
         "test_restore_places_every_weight_and_moment_as_the_new_plan_does_and_sets_adams_step",
         "test_whole_tensors_reads_the_saved_weights_and_moments_by_their_canonical_names",
         "test_a_save_killed_before_its_commit_is_never_read",
+        "test_saving_under_fsdp_4_holds_each_process_s_own_shards",
     },
     # a lost rank: two torchrun jobs and two jobs of 2 JAX processes, the second restarted twice
     "sharding/test_lost_rank.py": {"test_a_job_that_loses_a_rank_ends_bit_for_bit_where_the_uninterrupted_one_ends"},

@@ -213,6 +213,16 @@ def lost_rank(framework: str):
     return commands
 
 
+def jax_save_memory(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """test_jax_checkpoints.py's launcher of 4 jax.distributed processes of one CPU device each, with
+    one malloc arena: the resident peak they read is then what the save holds, not what glibc keeps
+    in each writer thread's own arena after it is freed (3-14 MB more on this model, measured; torch's
+    and NumPy's measures count live tensors and Python's allocations, so no allocator's slack either)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_ARENA_MAX="1")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # as jax_children: no other process compiles these
+    return {"launcher": [sys.executable, "-m", "shared_tests.sharding.test_jax_checkpoints", str(folder)]}, env
+
+
 def torch_nodes(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
     """test_torch_nodes.py's two simulated nodes: a torchrun each (``python -m torch.distributed.run``,
     this interpreter's), TORCH_NODES x TORCH_RANKS ranks meeting at one c10d rendezvous endpoint on
@@ -272,7 +282,10 @@ class SharedRuns:
     def __getitem__(self, name: str) -> Processes:
         if name not in self.started:
             _, commands = SETS[name]
-            self.started[name] = Processes(self.folder, name, *commands(self.folder))
+            # a folder of the set's own: two sets never write (or rendezvous in) the same file
+            folder = self.folder / name
+            folder.mkdir(exist_ok=True)
+            self.started[name] = Processes(folder, name, *commands(folder))
         return self.started[name]
 
     def stop(self) -> None:
@@ -283,6 +296,7 @@ class SharedRuns:
 SETS = {  # name: (the framework it needs, its commands)
     "jax": ("jax", jax_children),
     "jax-processes": ("jax", jax_processes),
+    "jax-save-memory": ("jax", jax_save_memory),
     "torch": ("torch", torch_groups),
     "torch-nodes": ("torch", torch_nodes),
     "torch-checkpoints": ("torch", torch_checkpoints),

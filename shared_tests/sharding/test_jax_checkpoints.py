@@ -5,7 +5,9 @@ device (12 runs), and each goes on to step 6 with the uninterrupted run's float6
 the restored weights and moments are placed by the new plan (each array's sharding its
 ``weight_spec``); a save killed before its commit leaves a ``step-N.partial`` folder that is never
 read; ``whole_tensors`` reads the saved weights and moments whole, under the canonical names, without
-a model, and they are the uninterrupted run's at step 3.
+a model, and they are the uninterrupted run's at step 3. Each checkpoint consolidated resumes in NumPy
+under each plan and in torch on one device. And, in 4 processes of one device each (their own
+launch), saving under FSDP 4 holds each process's own shards and no more than a tensor beside them.
 
 The runs need 4 simulated devices, so they run in test_jax_sharding.py's child for the Llama-style
 decoder (``checkpoint_runs``, after its own plans: the tensor-parallel programs are compiled there
@@ -17,11 +19,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import numpy as np
 import pytest
 
 from transformer_backends.tolerances import TOLERANCE, max_relative_difference
+from transformer_run.sharding import Plan
 
 from .cases import adam_config, batch_of, one_device_training, schedule
 from .jax_checkpoint_runs import KILLED, MODEL, RESUMED, SAVED, SAVED_AT, STEPS
@@ -166,3 +170,93 @@ def test_a_save_killed_before_its_commit_is_never_read(runs):
     assert read(directory).state.step == SAVED_AT
     with pytest.raises(WeightsFileError):
         read(partial)
+
+
+# ------------------------------------------------------------------------------ memory while saving
+MEMORY_PROCESSES = 4  # of one CPU device each: under FSDP 4, a process is a rank holding a quarter
+
+
+def save_memory(folder: str) -> None:
+    """One of MEMORY_PROCESSES processes (``jax_impl.distributed.launch`` initialized it): MEMORY_CASE
+    placed under FSDP 4 with Adam's moments, saved twice with Orbax (the first warms Orbax and
+    TensorStore up), the second measured: this process's resident peak while saving above what it
+    held before (Linux's high-water mark, reset before the save: every allocation, TensorStore's
+    too), plus the bytes of its own shards. -> FOLDER/jax-save-memory-RANK.json."""
+    import gc
+    import json
+
+    import jax
+    from flax import nnx
+
+    import jax_impl
+    from jax_impl import sharded_checkpoint as jax_checkpoint
+    from jax_impl import sharding
+    from jax_impl.optim import Adam
+    from transformer_spec import init_params
+
+    from .cases import MEMORY_CASE
+
+    plan = Plan(fsdp=4)
+    params = init_params(MEMORY_CASE, seed=0, dtype="float32")
+    one_device = 3 * sum(p.nbytes for p in params.values())  # weights, Adam's m and v
+    model = jax_impl.build_model(MEMORY_CASE, params)
+    mesh = sharding.sharding_mesh(plan)
+    sharding.shard_model(model, mesh, plan)
+    optimizer = Adam(model, lambda step: 1e-3)
+    sharding.shard_optimizer(optimizer, mesh, plan)
+    del params
+    gc.collect()
+    arrays = [leaf for leaf in jax.tree.leaves((nnx.state(model), nnx.state(optimizer.optimizer)))
+              if isinstance(leaf, jax.Array)]  # fmt: skip
+    own = sum(shard.data.nbytes for array in arrays for shard in array.addressable_shards)
+    rank = jax.process_index()
+    jax_checkpoint.save(f"{folder}/jax-save-memory-warm-up", model, optimizer)
+    gc.collect()
+    before = _resident("VmRSS")
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # the high-water mark back to what is resident now
+    jax_checkpoint.save(f"{folder}/jax-save-memory", model, optimizer)
+    extra = _resident("VmHWM") - before
+    with open(f"{folder}/jax-save-memory-{rank}.json", "w") as out:
+        json.dump({"own": own, "extra": extra, "one-device": one_device}, out)
+
+
+def _resident(field: str) -> int:
+    """Bytes of /proc/self/status's ``field`` (VmRSS: resident now; VmHWM: its peak)."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+
+def launch_save_memory(folder: str) -> int:
+    from jax_impl import distributed
+
+    return distributed.launch(save_memory, folder, processes=MEMORY_PROCESSES, cpu_devices=1, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def save_memory_runs(sharded_runs):
+    if not sharded_runs.available("jax-save-memory"):
+        pytest.skip("jax is not installed")
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("the resident peak is read from Linux's /proc")
+    run = sharded_runs["jax-save-memory"]
+    run.check()
+    import json
+
+    return [json.loads((run.folder / f"jax-save-memory-{rank}.json").read_text()) for rank in range(MEMORY_PROCESSES)]
+
+
+def test_saving_under_fsdp_4_holds_each_process_s_own_shards(save_memory_runs):
+    """4 processes of one device, MEMORY_CASE (66 MB of float32 weights) under FSDP 4: each holds a
+    quarter of the weights and moments, and the fullest one's peak while Orbax saves (its shards
+    plus what the save allocates) is under 0.3 of one device's weights + moments."""
+    fullest = max(run["own"] + run["extra"] for run in save_memory_runs)
+    one_device = save_memory_runs[0]["one-device"]
+    shares = [run["own"] / one_device for run in save_memory_runs]
+    assert all(0.24 <= share <= 0.26 for share in shares), shares
+    assert fullest / one_device <= 0.3, f"{fullest / one_device:.3f} of one device's weights + moments"
+
+
+if __name__ == "__main__":  # processes.py: python -m shared_tests.sharding.test_jax_checkpoints FOLDER
+    raise SystemExit(launch_save_memory(sys.argv[1]))

@@ -149,7 +149,7 @@ def launch(folder: str) -> None:
     sharded_checkpoint.consolidate(f"{folder}/saved-numpy", f"{folder}/numpy.safetensors")
     failed = []
     for group, (size, _, _) in enumerate(GROUPS):
-        failed += run_group(child, [(group, folder, rank, f"{folder}/rendezvous-{group}") for rank in range(size)])
+        failed += run_group(child, [(group, folder, rank, f"{folder}/checkpoints-rendezvous-{group}") for rank in range(size)])
         if failed:
             break
     if failed:

@@ -139,14 +139,14 @@ def child(processes: int, out: str, rank: int, init_file: str) -> None:
 def launch(folder: str) -> None:
     """Each group of GROUPS in turn: its ranks forked from this process, which has imported what
     they run (copies of it: nothing is imported again), rank r of a group of n running
-    ``child(n, FOLDER/group-n.npz, r, FOLDER/rendezvous-n)`` (``run_group``); exits with each failed
+    ``child(n, FOLDER/group-n.npz, r, FOLDER/sharding-rendezvous-n)`` (``run_group``); exits with each failed
     rank's status."""
     import torch_impl.sharding  # noqa: F401  (and torch, torch.distributed): what every rank runs
     import transformer_run.checkpoint  # noqa: F401
 
     failed = []
     for size in GROUPS:
-        out, rendezvous = f"{folder}/group-{size}.npz", f"{folder}/rendezvous-{size}"
+        out, rendezvous = f"{folder}/group-{size}.npz", f"{folder}/sharding-rendezvous-{size}"
         failed += run_group(child, [(size, out, rank, rendezvous) for rank in range(size)])
     if failed:
         sys.exit("\n".join(failed))
