@@ -178,6 +178,7 @@ SLOW = {
     },
     # JAX's sharded runs: two child processes on 4 simulated devices, which every test waits for
     "sharding/test_jax_sharding.py": {
+        "test_fsdp_over_4_devices_allocates_under_0_3_of_one_devices_bytes",
         "test_a_sharded_runs_checkpoint_holds_whole_tensors_every_backend_loads",
         "test_with_dropout_every_plan_is_the_single_device_run_with_the_same_seed",
         "test_every_plan_gives_the_single_device_loss_and_gradients",
@@ -192,6 +193,7 @@ SLOW = {
     },
     # JAX across processes: one launch of two jax.distributed processes, which every test waits for
     "sharding/test_jax_processes.py": {
+        "test_a_sharded_checkpoint_saved_across_processes_resumes_there_under_another_plan",
         "test_each_plan_across_processes_gives_the_single_device_loss_and_gradients",
         "test_every_process_computes_the_same_numbers",
         "test_twenty_adam_steps_across_processes_give_the_single_device_losses_and_weights",
@@ -223,6 +225,8 @@ SLOW = {
         "test_a_save_killed_before_its_commit_is_never_read",
         "test_saving_under_fsdp_4_holds_each_process_s_own_shards",
     },
+    # NumPy's sharded checkpoints through the command line: three commands in-process, a JAX compile among them
+    "sharding/test_sharded_checkpoints.py": {"test_the_command_line_saves_resumes_under_another_plan_and_consolidates"},
     # a lost rank: two torchrun jobs and two jobs of 2 JAX processes, the second restarted twice
     "sharding/test_lost_rank.py": {"test_a_job_that_loses_a_rank_ends_bit_for_bit_where_the_uninterrupted_one_ends"},
     # each chapter of the course in a fresh kernel (the real SmolLM2 chapter the longest), JupyterLab in Chromium
@@ -239,7 +243,10 @@ SLOW = {
         "test_a_comment_or_blank_line_in_a_backend_fails_nothing_but_a_rename_fails_by_name",
         "test_every_page_fits_at_1000_1400_and_1900_px",
     },
-    "training/test_data_parallel.py": {"test_data_parallel_step_equals_the_single_device_step"},
+    "training/test_data_parallel.py": {
+        "test_data_parallel_step_equals_the_single_device_step",
+        "test_the_train_command_trains_data_parallel_with_the_single_device_losses",
+    },
     "oracles/test_oracle_smollm2_files.py": {
         "test_halves_and_interleaved_loads_differ_exactly_by_the_rope_permutation",
         "test_the_file_gives_the_smollm2_preset",
