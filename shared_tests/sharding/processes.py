@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import pytest
 
 from .cases import CONFIGS
+from .parent import WITH_PARENT, die_with_parent
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT = 600  # seconds, for a whole set
@@ -120,24 +121,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def die_with_parent() -> None:
-    """This process killed when its parent dies (Linux: the parent-death signal): a rank left
-    waiting in a collective would outlive its launcher, holding the test's pipes (its output) open."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-
-
-# A command run as ``[*WITH_PARENT, *command]`` dies with the process that started it (Linux's parent-death
-# signal, set in a small interpreter that then becomes the command; kept across exec). Not Popen's
-# preexec_fn: that runs Python in the forked child of a worker whose other threads (JAX's) may hold its locks.
-WITH_PARENT = [sys.executable, "-c", "import ctypes, os, sys\n"
-               "if sys.platform.startswith('linux'):\n    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n"
-               "os.execv(sys.argv[1], sys.argv[1:])"]  # fmt: skip
 
 
 def _rank(target, args: tuple) -> None:

@@ -40,7 +40,8 @@ from .cases import (
     params_of,
     schedule,
 )
-from .processes import TORCH_NODES, TORCH_RANKS, die_with_parent
+from .parent import die_with_parent
+from .processes import TORCH_NODES, TORCH_RANKS
 
 NODES, RANKS = TORCH_NODES, TORCH_RANKS  # 2 nodes of 2 ranks (processes.py starts them): a mesh of 4
 MODEL = "llama"  # the decoder of the other sharding tests; every plan below divides its weights
