@@ -71,9 +71,9 @@ def save(folder: str | os.PathLike, model: nnx.Module, optimizer: Adam) -> None:
         group: {name: variable.get_value() for name, variable in named.items()}
         for group, named in _variables(model, optimizer).items()
     }
-    # What Orbax has in flight, bounded to the largest tensor (its default: 96 GB): a process holds its
-    # own shards and at most one tensor's bytes beside them (the whole model on one device, measured:
-    # 1.1-5.5 MB beyond the arrays unbounded, 0.1-0.4 MB bounded).
+    # What Orbax has in flight, bounded to the largest tensor (its default: 96 GB): a process
+    # holds its own shards and at most one tensor's bytes beside them (the whole model on one
+    # device, measured: 1.1-5.5 MB beyond the arrays unbounded, 0.1-0.4 MB bounded).
     largest = max(array.nbytes for named in arrays.values() for array in named.values())
     checkpointer = ocp.StandardCheckpointer(save_concurrent_gb=largest / 1e9)
     try:
