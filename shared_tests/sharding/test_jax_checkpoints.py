@@ -48,6 +48,14 @@ def _weights(results: dict[str, np.ndarray], key: str) -> dict[str, np.ndarray]:
     return {k[len(prefix) :]: v for k, v in results.items() if k.startswith(prefix)}
 
 
+def _assert_uninterrupted(results: dict[str, np.ndarray], losses, weights: dict[str, np.ndarray]) -> None:
+    """A resumed run's losses of steps 1..STEPS and weights after them are the uninterrupted run's (the
+    child's): within 1e-12, every tensor against its largest entry."""
+    np.testing.assert_allclose(losses, results["checkpoints/reference/losses"], rtol=TOLERANCE["float64"])
+    want = _weights(results, "checkpoints/reference/weight-end")
+    assert max(max_relative_difference(weights[n], w) for n, w in want.items()) <= TOLERANCE["float64"]
+
+
 def test_the_uninterrupted_run_is_the_reference_single_devices(runs):
     """The run every resumed one is held to: the reference's single device's first STEPS losses."""
     results, _ = runs
@@ -93,10 +101,7 @@ def test_jax_s_checkpoint_consolidated_resumes_in_numpy(runs, saved, resumed):
     model = numpy_impl.build_model(file.config, file.params)
     losses = sharded_train(model, [batch_of(file.config)], STEPS, schedule(file.config), plan=RESUMED[resumed],
                            resume=file.state)  # fmt: skip
-    np.testing.assert_allclose(losses, results["checkpoints/reference/losses"], rtol=TOLERANCE["float64"])
-    want = _weights(results, "checkpoints/reference/weight-end")
-    got = numpy_impl.to_params(model)
-    assert max(max_relative_difference(got[n], w) for n, w in want.items()) <= TOLERANCE["float64"]
+    _assert_uninterrupted(results, losses, numpy_impl.to_params(model))
 
 
 @pytest.mark.parametrize("saved", list(SAVED))
@@ -113,9 +118,7 @@ def test_jax_s_checkpoint_consolidated_resumes_in_torch(runs, saved):
     file = load_checkpoint(os.path.join(folder, "jax-sharded", f"{saved}.safetensors"))
     model = torch_impl.build_model(file.config, file.params)
     losses = torch_impl.train(model, [batch_of(file.config)], STEPS, schedule(file.config), resume=file.state)
-    np.testing.assert_allclose(losses, results["checkpoints/reference/losses"], rtol=TOLERANCE["float64"])
-    want, got = _weights(results, "checkpoints/reference/weight-end"), torch_impl.to_params(model)
-    assert max(max_relative_difference(got[n], w) for n, w in want.items()) <= TOLERANCE["float64"]
+    _assert_uninterrupted(results, losses, torch_impl.to_params(model))
 
 
 @pytest.mark.parametrize("resumed", list(RESUMED))

@@ -170,6 +170,21 @@ def groups(sharded_runs):
     return run.folder, results
 
 
+@pytest.fixture(scope="module")
+def consolidated(groups, tmp_path_factory):
+    """saved plan -> torch's checkpoint saved under it as one file (``consolidate``), made once for the
+    tests that resume it."""
+    folder, files = groups[0], {}
+
+    def file_of(saved: str):
+        if saved not in files:
+            files[saved] = tmp_path_factory.mktemp(f"consolidated-{saved}") / "run.safetensors"
+            sharded_checkpoint.consolidate(folder / f"saved-{saved}", files[saved])
+        return files[saved]
+
+    return file_of
+
+
 def _resumed_as_never_stopped(results: dict[str, np.ndarray], key: str) -> None:
     prefix = f"{key}/weight/"
     weights = {k[len(prefix) :]: v for k, v in results.items() if k.startswith(prefix)}
@@ -185,15 +200,13 @@ def test_torch_s_checkpoint_saved_under_one_plan_resumes_under_another(groups, s
 
 @pytest.mark.parametrize("resumed", list(RESUMED))
 @pytest.mark.parametrize("saved", list(SAVED))
-def test_torch_s_checkpoint_consolidated_resumes_in_numpy(groups, saved, resumed, tmp_path):
+def test_torch_s_checkpoint_consolidated_resumes_in_numpy(consolidated, saved, resumed):
     """Each of torch's checkpoints as one file, resumed by NumPy's reference under each plan."""
     import numpy_impl
     from numpy_impl.sharding import sharded_train
     from transformer_run.checkpoint import load_checkpoint
 
-    folder, _ = groups
-    sharded_checkpoint.consolidate(folder / f"saved-{saved}", tmp_path / "run.safetensors")
-    file = load_checkpoint(tmp_path / "run.safetensors")
+    file = load_checkpoint(consolidated(saved))
     model = numpy_impl.build_model(file.config, file.params)
     losses = sharded_train(model, [batch_of(file.config)], RESUMED_STEPS, schedule(file.config),
                            plan=RESUMED[resumed], resume=file.state)  # fmt: skip
@@ -201,7 +214,7 @@ def test_torch_s_checkpoint_consolidated_resumes_in_numpy(groups, saved, resumed
 
 
 @pytest.mark.parametrize("saved", list(SAVED))
-def test_torch_s_checkpoint_consolidated_resumes_in_jax(groups, saved, tmp_path):
+def test_torch_s_checkpoint_consolidated_resumes_in_jax(consolidated, saved):
     """Each of torch's checkpoints as one file, resumed by JAX on one device (``train`` with the
     file's state): the uninterrupted run. (JAX's sharded runs resume such a file under each plan in
     test_jax_checkpoints.py: NumPy's, consolidated.)"""
@@ -210,9 +223,7 @@ def test_torch_s_checkpoint_consolidated_resumes_in_jax(groups, saved, tmp_path)
     import jax_impl
     from transformer_run.checkpoint import load_checkpoint
 
-    folder, _ = groups
-    sharded_checkpoint.consolidate(folder / f"saved-{saved}", tmp_path / "run.safetensors")
-    file = load_checkpoint(tmp_path / "run.safetensors")
+    file = load_checkpoint(consolidated(saved))
     model = jax_impl.build_model(file.config, file.params)
     losses = jax_impl.train(model, [batch_of(file.config)], RESUMED_STEPS, schedule(file.config), resume=file.state)
     assert_uninterrupted(np.array(losses), jax_impl.to_params(model), "resumed in JAX")
