@@ -61,6 +61,7 @@ from transformer_run.decoding import (
 )
 from transformer_spec.checks import inputs_checked
 
+from . import kernels
 from .attention import KeyValueCache, append_to_cache
 from .checks import check_token_ids
 from .decoder import LayerCache
@@ -137,6 +138,7 @@ def cache_length(  # differs: jit-static-shapes
     return min(config.max_len, -(-needed // CACHE_BLOCK) * CACHE_BLOCK)
 
 
+@kernels.fusable("decode_step")  # speed: a fused kernel may run instead (kernels.py)
 def decode_step(
     model: Any,
     tokens: Array,
@@ -170,7 +172,6 @@ def decode_step(
 # Compiled once per (model structure, input shapes): the model is a pytree argument, as in
 # model.py's ``_jit_forward``, and ``position`` a traced value.
 _jit_initial_cache = jax.jit(initial_cache, static_argnums=2)
-_jit_decode_step = jax.jit(decode_step, static_argnames="project")
 
 
 def select_rows(tree: Any, rows: Array) -> Any:
@@ -183,6 +184,8 @@ class CachedStepper:
 
     def __init__(self, model: Any):
         self.model = model
+        # the model taken apart for jax.jit, at each start  # differs: decoding-layout
+        self.split = None
 
     def start(self, src_ids: np.ndarray, max_new: int | None = None) -> DecodingState:
         """``max_new``: the steps to come; the cache reserves room for them (``cache_length``)."""
@@ -197,12 +200,14 @@ class CachedStepper:
             check_token_ids("ids", src_ids, vocab, config.max_len)
         prompt = 0 if config.decoder_has_cross_attention else src_ids.shape[1]
         length = cache_length(config, prompt, max_new)
+        # the model's arrays as they are now, for this generation's steps (split once, not per step)
+        self.split = kernels.split_model(self.model)
         cache, keep, memory_mask = _jit_initial_cache(self.model, src_ids, length)
         if config.decoder_has_cross_attention or src_ids.shape[1] == 0:
             return DecodingState(cache, keep, memory_mask, 0)
         # decoder-only: the prompt, all of it in one call, fills the cache at positions 0 .. P - 1
-        _, cache, keep = _jit_decode_step(
-            self.model, src_ids, cache, keep, None, 0, False
+        _, cache, keep = kernels.compiled_decode_step(
+            *self.split, src_ids, cache, keep, None, 0, project=False
         )  # None, ...
         return DecodingState(cache, keep, None, src_ids.shape[1])
 
@@ -222,8 +227,8 @@ class CachedStepper:
                 f"position {state.offset + position} is past the cache's "
                 f"{state.keep.shape[1]} positions: start the stepper with a larger max_new"
             )
-        logits, cache, keep = _jit_decode_step(
-            self.model, tokens, state.cache, state.keep, state.memory_mask, state.offset + position
+        logits, cache, keep = kernels.compiled_decode_step(
+            *self.split, tokens, state.cache, state.keep, state.memory_mask, state.offset + position
         )  # (N, 1, V), ...
         return _to_host(logits[:, -1]), state._replace(cache=cache, keep=keep)  # (N, V)
 

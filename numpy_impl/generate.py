@@ -50,6 +50,7 @@ from transformer_spec.checks import inputs_checked
 
 from .attention import KeyValueCache, append_to_cache
 from .decoder import LayerCache
+from .kernels import decoding_layout, fusable
 from .masks import make_cross_attention_mask
 
 
@@ -94,6 +95,7 @@ def initial_cache(model: Any, src_ids: Array) -> tuple[tuple[LayerCache, ...], A
     return model.decoder.empty_cache(batch, memory), keep, memory_mask
 
 
+@fusable("decode_step")  # speed: a fused kernel may run instead (kernels.py)
 def decode_step(
     model: Any,
     tokens: Array,
@@ -141,6 +143,7 @@ class CachedStepper:
 
     def __init__(self, model: Any):
         self.model = model
+        decoding_layout(model)
 
     def start(self, src_ids: Array, max_new: int | None = None) -> DecodingState:
         """``max_new``: the steps to come (the cache grows by concatenation: no size to reserve)."""

@@ -23,6 +23,8 @@ another page needs no change here. The sources, each written by the command that
   beside eager (the ``compiled`` table and the README's ``compiledline``).
 * ``bench/results/tiled/latest.json`` (``python -m bench.tiled``): one long attention in NumPy,
   tiled against plain (the ``tiled`` table).
+* ``bench/results/decode_profile/latest.json`` (``python -m bench.decode_profile``): one batch-1
+  decoding step of SmolLM2-135M taken apart, per backend (the ``decodeprofile`` table).
 * ``docs/test-time.json`` (``python -m tools.suite_time --measure``): the README's two commands timed on
   fresh clones, the test command's sessions, installs and tests (the ``test*`` blocks).
 
@@ -55,6 +57,7 @@ BENCH = [os.path.join(ROOT, "bench", "results", "latest.json"),
          os.path.join(ROOT, "bench", "results", "smollm2", "latest.json")]  # fmt: skip
 TRAINING = os.path.join(ROOT, "bench", "results", "training", "latest.json")  # python -m bench.lm_training
 TILED = os.path.join(ROOT, "bench", "results", "tiled", "latest.json")  # python -m bench.tiled
+DECODE_PROFILE = os.path.join(ROOT, "bench", "results", "decode_profile", "latest.json")  # bench.decode_profile
 COMPILED = os.path.join(ROOT, "bench", "results", "compiled", "latest.json")  # python -m bench.compiled
 TEST_TIME = os.path.join(ROOT, "docs", "test-time.json")  # python -m tools.suite_time --measure
 
@@ -211,6 +214,12 @@ def tiled(results: dict[str, Any]) -> str:
     return markdown(results)
 
 
+def decode_profile(results: dict[str, Any]) -> str:
+    from bench.decode_profile import markdown
+
+    return markdown(results)
+
+
 def policies() -> str:
     from transformer_run.mixed_precision import OPS
 
@@ -240,6 +249,7 @@ def blocks() -> dict[str, Callable[[], str | None]]:
     bench = [(path, r) for path in BENCH if (r := load(path)) is not None]
     compare_text = open(COMPARE, encoding="utf-8").read() if os.path.exists(COMPARE) else None
     trained, compiled_runs, tiled_runs = load(TRAINING), load(COMPILED), load(TILED)
+    profiled = load(DECODE_PROFILE)
     timed = load(TEST_TIME)
     # The test command's times exist once a fresh clone was measured (its suite runs this module's
     # test, so the first measurement of a new checkout is made before the blocks that show it).
@@ -262,6 +272,7 @@ def blocks() -> dict[str, Callable[[], str | None]]:
         "training": lambda: trained and training(trained),
         "precision": lambda: trained and "bf16" in trained and bf16(trained),
         "tiled": lambda: tiled_runs and tiled(tiled_runs),
+        "decodeprofile": lambda: profiled and decode_profile(profiled),
         "compiled": lambda: compiled_runs and compiled(compiled_runs),
         "compiledline": lambda: compiled_runs and compiled_line(compiled_runs),
     }

@@ -52,7 +52,7 @@ from transformer_spec.checks import inputs_checked
 
 from .attention import KeyValueCache, append_to_cache
 from .decoder import LayerCache
-from .kernels import decoding_layout
+from .kernels import decoding_layout, fusable
 from .masks import make_cross_attention_mask
 
 
@@ -102,6 +102,7 @@ def initial_cache(
     return model.decoder.empty_cache(batch, memory), keep, memory_mask
 
 
+@fusable("decode_step")  # speed: a fused kernel may run instead (kernels.py)
 def decode_step(
     model: Any,
     tokens: Array,
@@ -152,7 +153,7 @@ class CachedStepper:
 
     def __init__(self, model: Any):
         self.model = model
-        decoding_layout(model)  # differs: torch-decoding-layout
+        decoding_layout(model)  # differs: decoding-layout
 
     @torch.no_grad()
     def start(self, src_ids: np.ndarray, max_new: int | None = None) -> DecodingState:

@@ -126,6 +126,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"chat template applied:\n{text}")
     if note(names, args.compile):
         print(note(names, args.compile))
+    # the limit of a batch-1 step: every weight read once (a second's probe of the read rate)
+    rate = read_rate()
+    weight_bytes = sum(v.nbytes for v in params.values())
+    limit = rate * 1e9 / weight_bytes
+    print(f"memory read rate {rate:.1f} GB/s: reading the {weight_bytes / 1e6:.0f} MB of weights allows "
+          f"{limit:.1f} tokens/s at most")
     results = {}
     for name in names:
         backend = get_backend(name)
@@ -140,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         if info.eos_id in new:
             new = new[: new.index(info.eos_id) + 1]
         results[name] = (new, model, backend)
-        print(f"\n[{name}] {len(new)} new tokens in {seconds:.2f} s: {clock.summary(_compiles(name, args))}")
+        print(f"\n[{name}] {len(new)} new tokens in {seconds:.2f} s: {clock.summary(_compiles(name, args), limit)}")
         print(tokenizer.decode(new, skip_special_tokens=True))
     if len(results) > 1:
         _compare(results, ids, tokenizer)
@@ -170,16 +176,50 @@ class StepClock:
     def reorder(self, state, rows):
         return self.stepper.reorder(state, rows)
 
-    def summary(self, compiles: bool) -> str:
+    def summary(self, compiles: bool, limit: float | None = None) -> str:
         """'prefill 0.12 s, first step 3.40 s (compiles), then 38.2 tokens/s over 23 steps': the
-        first calls apart, where a compiler does its work, and the steady rate of the steps after."""
+        first calls apart, where a compiler does its work, and the steady rate of the steps after;
+        with ``limit`` (the tokens/s of a step that only reads its weights), the steady rate's
+        share of it: '(62% of the 61.5 tokens/s that reading the weights allows)'."""
         label = " (compiles)" if compiles else ""
         text = f"prefill {self.start_s:.2f} s{label}, first step {self.step_s[0]:.2f} s{label}"
         later = self.step_s[1:]
         if not later:
             return text + ", no later steps"
         steps = f"{len(later)} step" + ("s" if len(later) > 1 else "")
-        return text + f", then {len(later) / sum(later):.1f} tokens/s over {steps}"
+        rate = len(later) / sum(later)
+        text += f", then {rate:.1f} tokens/s over {steps}"
+        if limit:
+            text += f" ({100 * rate / limit:.0f}% of the {limit:.1f} tokens/s that reading the weights allows)"
+        return text
+
+
+READ_PROBE_ELEMENTS = 576 * 2**17  # float32: 302 MB, far larger than any CPU cache
+READ_PROBE_COLUMNS = 576
+
+
+def read_rate(seconds: float = 1.0) -> float:
+    """GB/s: how fast this machine reads memory now, the best over about ``seconds`` of reading
+    302 MB by a NumPy sum and by NumPy's matrix-vector product (torch's too when it is installed:
+    the product a decoding step makes, whose library may read faster or slower than a sum). A
+    batch-1 decoding step reads every weight once, so weight bytes / this rate is its least time."""
+    array = np.full(READ_PROBE_ELEMENTS, 1.0, np.float32)  # written: every page is real memory
+    matrix, vector = array.reshape(-1, READ_PROBE_COLUMNS), np.ones(READ_PROBE_COLUMNS, np.float32)
+    ways = [array.sum, lambda: matrix @ vector]
+    try:
+        import torch
+
+        row, columns = torch.from_numpy(vector)[None], torch.from_numpy(array).view(READ_PROBE_COLUMNS, -1)
+        ways.append(lambda: row @ columns)  # (1, 576) @ (576, N), as torch's decoding reads
+    except ImportError:
+        pass
+    best, end = math.inf, time.perf_counter() + seconds
+    while time.perf_counter() < end or best == math.inf:
+        for read in ways:
+            begin = time.perf_counter()
+            read()
+            best = min(best, time.perf_counter() - begin)
+    return array.nbytes / best / 1e9
 
 
 def _compiles(name: str, args: argparse.Namespace) -> bool:

@@ -97,10 +97,11 @@ REASONS: dict[str, str] = {
     "builds the code); compiled_step=True does the same for a training step's forward, loss and backward. "
     "Inside a compiled graph a tensor's value cannot decide a branch without cutting the graph in two, so the "
     "attention kernel skips its host-side shortcuts there.",
-    "torch-decoding-layout": "torch's cached stepper lays the model's matrices out for one-row products once "
-    "(kernels.decoding_layout: the same [out, in] values stored column by column), since the BLAS torch ships "
-    "reads a decoding step's matrix-vector products faster so; NumPy's Linear already stores [in, out], and "
-    "XLA chooses JAX's layouts itself.",
+    "decoding-layout": "NumPy's and torch's cached steppers lay the model's matrices out for decoding once "
+    "(kernels.decoding_layout): each stored as the library's one-row product reads it fastest, and the ones a "
+    "step multiplies by the same rows (q, k and v; gate and up) made column blocks of one matrix, as views, so "
+    "that one product computes them all. JAX's arrays cannot be views of one another: its stepper hands the "
+    "compiled step packed copies (kernels.decoding_weights), and XLA chooses the layouts itself.",
     "torch-device": "torch allocates on a device: a tensor made from nothing (torch.ones, torch.arange, "
     "torch.zeros) is told where, usually the device of an input, or it lands on the CPU next to a GPU "
     "model. NumPy has one device, and JAX puts new arrays on its default device.",

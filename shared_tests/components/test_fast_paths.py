@@ -155,17 +155,28 @@ def _rms_norm(backend, dtype):
     return lambda: backend.call(norm, x), None
 
 
-def _gated_feed_forward(config):
+def packed_for_decoding(backend, module):
+    """``module`` with the weights that read one input packed into one matrix, as a cached stepper
+    packs its model's (``kernels.decoding_layout``; JAX has none: nothing to pack)."""
+    layout = getattr(backend.impl.kernels, "decoding_layout", None)
+    if layout is not None:
+        layout(module)
+    return module
+
+
+def _gated_feed_forward(config, packed: bool = False):
     def case(backend, dtype):
         params = init_params(config, seed=3, dtype=dtype, component="gated_feed_forward", nonzero_biases=True)
         ffn = backend.build("GatedFeedForward", config, params)
+        if packed:
+            packed_for_decoding(backend, ffn)
         x = hidden(3, 11, config.d_model).astype(dtype)
         return lambda: backend.call(ffn, x), None
 
     return case
 
 
-def _attend(config, mask_name: str, new: int = 4, joins: bool = False):
+def _attend(config, mask_name: str, new: int = 4, joins: bool = False, packed: bool = False):
     """A decoding step: ``new`` queries at positions 7 .. 7 + new - 1 over a key/value cache (new=1:
     one token per sequence, as generation steps run). ``joins=False``: the cache holds 11 (rotated)
     keys and values and the step brings none (cross-attention reads the memory's so); True: it
@@ -174,6 +185,8 @@ def _attend(config, mask_name: str, new: int = 4, joins: bool = False):
     def case(backend, dtype):
         params = init_params(config, seed=5, dtype=dtype, component="attention", nonzero_biases=True)
         attention = backend.build("MultiHeadAttention", config, params)
+        if packed:  # q, k and v one matrix: the kernel's one product for all three
+            packed_for_decoding(backend, attention)
         memory = backend.asarray(hidden(3, 11, config.d_model, seed=2).astype(dtype))
         query = backend.asarray(hidden(3, new, config.d_model).astype(dtype))
         keys = 7 + new if joins else 11
@@ -192,12 +205,46 @@ def _attend(config, mask_name: str, new: int = 4, joins: bool = False):
     return case
 
 
+def _decode(config, batch: int = 3, padded: bool = True):
+    """Cached decoding of a decoder-only model: a prompt (padded rows, or one unpadded row) and
+    three steps, through the backend's cached stepper (which packs the weights when fused kernels
+    are on): the logits of every step."""
+
+    def case(backend, dtype):
+        params = init_params(as_kind(config, "decoder_only"), seed=4, dtype=dtype, nonzero_biases=True)
+        model = backend.impl.build_model(as_kind(config, "decoder_only"), params)
+        prompt = token_ids(config.tgt_vocab_size, batch, 6, pad=padded, pad_id=config.pad_id, seed=3)
+
+        def run():
+            stepper = backend.impl.make_stepper(model)
+            state, tokens, steps = stepper.start(prompt[:, :-1], 3), prompt[:, -1], []
+            for position in range(3):
+                logits, state = stepper.step(state, tokens, position)  # (B, V)
+                steps.append(logits)
+                tokens = logits.argmax(axis=-1)
+            return np.stack(steps)  # (3, B, V)
+
+        return run, None
+
+    return case
+
+
 LONG = TILED_FROM_KEYS + 37  # keys: the attention kernels' tiled path, a last block of 37
 
 CASES: dict[str, tuple[str, Callable]] = {
+    "decode_step-modern-padded": ("decode_step", _decode(MODERN.replace(attention_bias=True, ffn_bias=True))),
+    "decode_step-modern-batch-1": ("decode_step", _decode(MODERN, batch=1, padded=False)),
+    "decode_step-pre-gelu-learned": ("decode_step", _decode(VARIANTS["pre-gelu-learned"])),
+    "decode_step-pre-tied-nofinal": ("decode_step", _decode(VARIANTS["pre-relu-none-tied-nofinal"])),
+    "decode_step-post-norm": ("decode_step", _decode(TINY)),  # declined: post-norm is written out
     "rms_norm": ("rms_norm", _rms_norm),
     "gated_feed_forward-silu": ("gated_feed_forward", _gated_feed_forward(MODERN)),
     "gated_feed_forward-gelu": ("gated_feed_forward", _gated_feed_forward(MODERN.replace(activation="gelu"))),
+    "gated_feed_forward-packed-silu": ("gated_feed_forward", _gated_feed_forward(MODERN, packed=True)),
+    "gated_feed_forward-packed-gelu": (
+        "gated_feed_forward",
+        _gated_feed_forward(MODERN.replace(activation="gelu", ffn_bias=True), packed=True),
+    ),
     **{
         f"multi_head_attention-gqa-rotary-{inputs}-{mask}": ("multi_head_attention", _attention(inputs, mask, MODERN))
         for inputs in ("self", "cross")
@@ -206,6 +253,10 @@ CASES: dict[str, tuple[str, Callable]] = {
     "multi_head_attention-mqa": ("multi_head_attention", _attention("self", "padding", MODERN.replace(num_kv_heads=1))),
     **{f"cached-{mask}": ("multi_head_attention", _attend(MODERN, mask)) for mask in MASKS},
     **{f"cached-joining-{mask}": ("multi_head_attention", _attend(MODERN, mask, joins=True)) for mask in MASKS},
+    **{f"cached-packed-{mask}": ("multi_head_attention", _attend(MODERN, mask, joins=True, packed=True))
+       for mask in MASKS},  # fmt: skip
+    "cached-packed-mha": ("multi_head_attention", _attend(TINY, "padding", joins=True, packed=True)),
+    "cached-packed-one-query": ("multi_head_attention", _attend(MODERN, "every-key", new=1, joins=True, packed=True)),
     "cached-mha": ("multi_head_attention", _attend(TINY, "padding")),
     "cached-one-query": ("multi_head_attention", _attend(MODERN, "per-query", new=1)),
     "cached-one-query-joining": ("multi_head_attention", _attend(MODERN, "per-query", new=1, joins=True)),
@@ -277,6 +328,10 @@ def test_every_registered_kernel_is_held_by_a_case_that_runs_it(backend):
     for name in backend.impl.kernels.KERNELS:
         cases = [case for case, (kernel, _) in CASES.items() if kernel == name and _runs_in(backend, case)]
         assert cases, f"{backend.name}'s kernel {name!r} has no case in test_fast_paths.CASES"
+        if backend.name == "jax":  # a kernel runs when a function is traced: no compiled program kept
+            import jax
+
+            jax.clear_caches()
         with counting_calls(backend, name) as ran, backend.impl.kernels.fused_kernels(True):
             for case in cases:
                 CASES[case][1](backend, "float32")[0]()
@@ -423,9 +478,10 @@ def test_no_kernel_runs_while_a_trace_records(backend):
         assert not ran, f"kernels ran while a trace recorded: {sorted(set(ran))}"
         backend.call(model, ids)
     assert any(name.endswith(".weights") for name in trace)
-    # outside a trace they do run, where a backend has kernels for these inputs (JAX's one
-    # kernel takes only sequences of TILED_FROM_KEYS keys or more: test_fused_kernel_... holds it)
-    long_only = {"multi_head_attention"} if backend.name == "jax" else set()
+    # outside a trace they do run, where a backend has kernels for these inputs (JAX's attention
+    # kernel takes only sequences of TILED_FROM_KEYS keys or more: test_fused_kernel_... holds it;
+    # decode_step runs in a cached stepper only)
+    long_only = {"multi_head_attention", "decode_step"} if backend.name == "jax" else set()
     assert bool(ran) == bool(set(backend.impl.kernels.KERNELS) - long_only)
 
 
@@ -526,8 +582,71 @@ def test_torch_decoding_layout_changes_only_strides_and_only_with_fused_kernels(
         impl.kernels.decoding_layout(model)
     tied = model.tgt_embed.token.weight
     matrices = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)] + [tied]
-    for weight in matrices:  # (out, in) stored column by column with fused kernels; untouched without
-        assert weight.stride() == ((1, weight.shape[0]) if fused else (weight.shape[1], 1))
+    for weight in matrices:  # with fused kernels (out, in) stored column by column (alone, or a column
+        # block of a packed [in, q + k + v] or [in, gate + up] matrix), or rows where out < in; untouched without
+        if fused and weight.shape[0] >= weight.shape[1]:
+            assert weight.stride()[0] == 1 and weight.stride()[1] >= weight.shape[0]
+        else:
+            assert weight.stride() == (weight.shape[1], 1)
     for name, p in model.named_parameters():
         assert p.shape == before[name].shape and bool((p == before[name]).all()), name
     assert_close(model(ids).logits.detach().numpy(), logits.numpy(), "float64", "logits after decoding_layout")
+
+
+# ------------------------------------------------- weights packed for decoding, in every backend
+
+
+def _own_storage(backend, linear) -> None:
+    """Give one packed weight storage of its own, as an optimizer or a load may (its values kept)."""
+    if backend.name == "torch":
+        linear.weight.data = linear.weight.data.clone()
+    elif backend.name == "numpy":
+        linear.weight = linear.weight.copy()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cached_decoding_with_packed_weights_gives_the_written_out_logits(backend, dtype):
+    """The cached stepper packs each self-attention's q, k and v and each gated feed-forward's gate
+    and up into one matrix (``kernels.decoding_layout``) and multiplies each group once a step. Its
+    logits at every step of a padded prompt equal those of a stepper made with fused kernels off
+    (the weights unpacked, the written-out code), biases and all; and still do when a weight was
+    given storage of its own after packing (its group is then multiplied apart, never stale)."""
+    config = as_kind(MODERN.replace(attention_bias=True, ffn_bias=True), "decoder_only")
+    params = init_params(config, seed=4, dtype=dtype, nonzero_biases=True)
+    prompt = token_ids(config.tgt_vocab_size, 3, 5, pad=True, pad_id=config.pad_id, seed=3)
+
+    def logits(fused: bool, moved: bool = False) -> np.ndarray:
+        model = backend.impl.build_model(config, params)
+        with backend.impl.kernels.fused_kernels(fused):
+            stepper = backend.impl.make_stepper(model)
+            if moved:
+                _own_storage(backend, model.decoder.layers[0].self_attn.w_k)
+                _own_storage(backend, model.decoder.layers[1].ffn.w_up)
+            state, tokens, steps = stepper.start(prompt, 4), prompt[:, -1], []
+            for position in range(4):
+                step, state = stepper.step(state, tokens, position)  # (3, V)
+                steps.append(step)
+                tokens = step.argmax(axis=-1)
+        return np.stack(steps)
+
+    want = logits(fused=False)
+    assert_close(logits(fused=True), want, dtype, "packed decoding vs written-out")
+    assert_close(logits(fused=True, moved=True), want, dtype, "a weight moved after packing vs written-out")
+
+
+def test_packing_keeps_every_weight_s_values_shape_and_name(backend):
+    """decoding_layout changes where the weights live, not what they are: the canonical weights
+    read back from the model are the ones it was built with, exactly."""
+    layout = getattr(backend.impl.kernels, "decoding_layout", None)
+    if layout is None:
+        pytest.skip(f"{backend.name} packs nothing")
+    config = as_kind(MODERN.replace(attention_bias=True, ffn_bias=True), "decoder_only")
+    params = init_params(config, seed=4, dtype="float64", nonzero_biases=True)
+    model = backend.impl.build_model(config, params)
+    layout(model)
+    attention = model.decoder.layers[0].self_attn
+    assert backend.impl.kernels.packed_columns((attention.w_q, attention.w_k, attention.w_v)) is not None
+    back = backend.impl.to_params(model)
+    assert sorted(back) == sorted(params)
+    for name, array in params.items():
+        assert back[name].shape == array.shape and np.array_equal(back[name], array), name
