@@ -971,13 +971,19 @@ PAGES: tuple[Page, ...] = (
             "projected by one packed GEMM, and, in inference, a feed-forward network whose activation works in "
             "place on w_1's output (`torch._addmm_activation`, as `nn.TransformerEncoderLayer`'s fast path); "
             "its cached stepper lays the weights out for decoding's one-row products once (`decoding_layout`: "
-            "the same [out, in] values stored column by column, read ~1.3x faster by its BLAS). NumPy registers a GELU whose erf is a float32 rational approximation computed block by "
+            "each matrix stored as its BLAS reads a one-row product fastest, and q|k|v and gate|up made column "
+            "blocks of one matrix each, as views), and a decoding step runs as one function (`decode_step`) "
+            "for a pre-norm decoder-only model. NumPy does the same for decoding (`decoding_layout`, "
+            "`decode_step`, `gated_feed_forward`) and registers a GELU whose erf is a float32 rational "
+            "approximation computed block by "
             "block, and an inference attention one batch entry at a time with the softmax in place, so that the "
             "(B, H, T, T) scores never exist at once (from 4096 keys on, the tiled attention, a block of keys at a "
             "time). JAX registers one, for long sequences only: the tiled attention as one `lax.scan`, since "
             "under `jax.jit` an unrolled loop over blocks lets XLA hold every block's scores at once; otherwise "
             "XLA fuses the written-out math, and `jax.nn.dot_product_attention` computes its softmax in float32, "
-            "which would break float64 parity.",
+            "which would break float64 parity. For decoding, JAX's stepper hands its compiled step packed copies "
+            "of q|k|v and gate|up and the transposed output table (`decoding_weights`), and the model split "
+            "once a generation (`split_model`), not flattened by `jax.jit` at every step.",
             "Tracing records the written-out path (a fused kernel has no intermediates); `transformer-ref trace` "
             "says so. `shared_tests/components/test_fast_paths.py` holds every kernel equal to the code it replaces.",
         ),
@@ -985,12 +991,35 @@ PAGES: tuple[Page, ...] = (
             "transformer_spec/kernels.py: use_fused_kernels, fused_kernels_enabled, fused_kernels, fusable_in",
             "kernels.py: KERNELS, fusable, layer_norm, rms_norm, gelu, feed_forward, gated_feed_forward, _packed, "
             "_projections, attention_context, multi_head_attention, _grouped_attention, scanned_attention, "
-            "decoding_layout",
+            "decoding_layout, _read_fastest, _reading_one_input, _pack_columns, packed_columns, _packed_base, "
+            "_without_grad, _product, decode_step, _layer_weights, _norm, _dropout_active, decoding_weights, _pack, "
+            "decoding_with, _split_decode_step, _Structure, split_model",
         ),
         tests=("*test_fast_paths.py::*",),
         notes={
-            "decoding_layout": "No counterpart: NumPy's Linear already stores [in, out], the layout a one-row "
-            "product reads fastest, and XLA chooses JAX's layouts itself.",
+            "decoding_layout": "No counterpart in JAX: its arrays cannot be views of one another "
+            "(`decoding_weights` makes packed copies), and XLA chooses its layouts itself.",
+            "packed_columns": "No counterpart in JAX: `decoding_weights` keeps its packed copies.",
+            "decoding_weights": "JAX's alone: NumPy and torch pack views of the model's own weights "
+            "(`decoding_layout`).",
+            "split_model": "JAX's alone: the other backends have no jit to hand the model to.",
+            "_split_decode_step": "JAX's alone: the compiled step of a model split once (`split_model`).",
+            "_Structure": "JAX's alone: a static argument of jax.jit, hashed once.",
+            "decoding_with": "JAX's alone: its kernel is traced inside jax.jit, and the packed weights come in "
+            "as the compiled step's arguments.",
+            "_pack": "JAX's alone: its packed weights are copies (`decoding_weights`).",
+            "_read_fastest": "NumPy's alone: torch's `decoding_layout` chooses each matrix's layout in place, and "
+            "XLA chooses JAX's.",
+            "_reading_one_input": "No counterpart in JAX: `decoding_weights` walks the layers itself.",
+            "_pack_columns": "No counterpart in JAX: its packed weights are copies (`_pack`).",
+            "_packed_base": "NumPy's alone: a view's `base` names the packed matrix; torch compares addresses.",
+            "_product": "torch's products are `F.linear` calls.",
+            "_layer_weights": "No counterpart in JAX: `decoding_weights` hands the packed weights to the step.",
+            "_norm": "No counterpart in JAX: its fused step calls the norm modules, which XLA fuses.",
+            "_without_grad": "torch's alone: a packed view is not traced by autograd back to each weight; NumPy's "
+            "kernels run only without gradients, and JAX's packed copies only in decoding.",
+            "_dropout_active": "torch's alone: NumPy reads the first dropout's mode, and JAX's decoding runs "
+            "without dropout.",
             "layer_norm": "No kernel: the written-out LayerNorm is the one that runs.",
             "gelu": "No kernel: XLA fuses the written-out GELU itself.",
             "feed_forward": "No kernel: the written-out feed-forward network runs.",
@@ -998,7 +1027,8 @@ PAGES: tuple[Page, ...] = (
             "_projections": "No kernel needs it here.",
             "attention_context": "No fused attention kernel here.",
             "rms_norm": "No kernel: the written-out RMSNorm runs (torch has `F.rms_norm`).",
-            "gated_feed_forward": "No kernel: the written-out gated feed-forward runs.",
+            "gated_feed_forward": "No kernel in JAX: XLA fuses the written-out gated feed-forward (its decoding "
+            "step multiplies by the packed gate|up in `decode_step`).",
             "_grouped_attention": "Not needed: torch's `F.scaled_dot_product_attention` reads each key/value "
             "head for its group of query heads itself (`enable_gqa`), and JAX's kernel takes no decoding step.",
             "scanned_attention": "Not needed: NumPy's loop over blocks runs one block at a time as written "

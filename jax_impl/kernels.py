@@ -153,6 +153,8 @@ def decoding_weights(model) -> tuple | None:
     sources, groups = [], []
     for layer in layers:
         attention, ffn = layer.self_attn, layer.ffn
+        if not all(hasattr(attention, name) for name in ("w_q", "w_k", "w_v")):
+            return None  # an attention of another make (one Linear per head): written out
         linears = [attention.w_q, attention.w_k, attention.w_v]
         linears += [ffn.w_gate, ffn.w_up] if hasattr(ffn, "w_gate") else [ffn.w_1]
         groups.append(linears)

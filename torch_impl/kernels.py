@@ -413,6 +413,8 @@ def _layer_weights(layer) -> tuple | None:
     """(q|k|v matrix [out, in] view, its bias, the feed-forward's first matrix (gate|up, packed),
     its bias) of a layer the stepper packed; None when its weights are not packed."""
     attention = layer.self_attn
+    if not all(hasattr(attention, name) for name in ("w_q", "w_k", "w_v")):
+        return None  # an attention of another make (one Linear per head): written out
     qkv = packed_columns((attention.w_q, attention.w_k, attention.w_v))
     ffn = layer.ffn
     if hasattr(ffn, "w_gate"):
