@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import platform
 import statistics
@@ -32,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from .report import write_latest
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "compiled")
 LENGTHS = (16, 24, 32, 40, 48)
@@ -362,13 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     results = measure(args.quick, args.threads)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "latest.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    text = markdown(results)
-    with open(os.path.join(args.out, "latest.md"), "w") as f:
-        f.write(text + "\n")
-    print(text)
+    write_latest(args.out, results, markdown(results))
     return 0
 
 

@@ -25,7 +25,6 @@ product over 540 MB (``bench.smollm2.memory_read_rate``) are measured in the sam
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -33,6 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from .report import write_latest
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "decode_profile")
 BACKENDS = ("torch", "jax", "numpy")
@@ -290,13 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     results = measure(args.repeats, tuple(args.backends.split(",")))
     results |= {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": _cpu() or platform.machine(), "load": f"{load:.1f}"}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "latest.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    text = markdown(results) + "\n"
-    with open(os.path.join(args.out, "latest.md"), "w") as f:
-        f.write(text)
-    print(text)
+    write_latest(args.out, results, markdown(results))
     return 0
 
 

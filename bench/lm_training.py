@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from .fresh_process import MALLOC_ENV, _measure_one_call
+from .report import write_latest
 
 BACKENDS = ("numpy", "torch", "jax")
 BATCH, SEQ_LEN = 16, 64
@@ -318,13 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         "versions": _versions(),
         "quick": args.quick,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "latest.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    text = markdown(results) + "\n## bf16 against float32, and across frameworks\n\n" + bf16_markdown(results) + "\n"
-    with open(os.path.join(args.out, "latest.md"), "w") as f:
-        f.write(text)
-    print(text)
+    text = markdown(results) + "\n## bf16 against float32, and across frameworks\n\n" + bf16_markdown(results)
+    write_latest(args.out, results, text)
     return 0
 
 

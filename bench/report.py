@@ -7,6 +7,17 @@ import os
 from typing import Any
 
 
+def write_latest(folder: str, results: dict[str, Any], text: str) -> None:
+    """A benchmark's outputs: ``folder``/latest.json (its results, what ``tools.readme_numbers`` reads) and
+    latest.md (``text``, its tables), and ``text`` printed."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "latest.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(folder, "latest.md"), "w") as f:
+        f.write(text.rstrip("\n") + "\n")
+    print(text.rstrip("\n"))
+
+
 def _ratio(r: dict[str, float]) -> str:
     return f"{r['median']:.2f}x [{r['p25']:.2f}-{r['p75']:.2f}] n={r['rounds']}"
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .report import write_latest
 from .timing import Budget, Candidate, Ratio, interleaved
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "tiled")
@@ -122,13 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     results = measure(args.length, args.heads, args.rounds)
     results |= {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": _cpu() or platform.machine(), "load": f"{load:.1f}"}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "latest.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    text = markdown(results) + "\n"
-    with open(os.path.join(args.out, "latest.md"), "w") as f:
-        f.write(text)
-    print(text)
+    write_latest(args.out, results, markdown(results))
     return 0
 
 
