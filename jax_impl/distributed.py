@@ -32,8 +32,9 @@ What changes for the code, measured on jax 0.10.2 with 2 processes of 2 CPU devi
 
 Started two ways, both ending in ``initialize``:
 
-- ``launch``: N local processes spawned from this one (``transformer-ref train ... --processes
-  N``), the coordinator on 127.0.0.1 at a free port;
+- ``launch``: N local processes started from this one (``transformer-ref train ... --processes
+  N``), the coordinator on 127.0.0.1 at a free port; on Linux they are forked from a server
+  process that imported JAX once for all of them and for every restart;
 - by hand, or by a cluster's scheduler: every process started with the coordinator's address
   (host:port of process 0's machine), the number of processes and its own id, as arguments or
   in the environment (``ENVIRONMENT``). On TPU pods and under SLURM or Open MPI, JAX finds all
@@ -128,14 +129,27 @@ def _process(
     rank: int,
     cpu_devices: int,
     restart: int = 0,
+    environment: dict[str, str] | None = None,
 ):
-    """One spawned process: its place in the run in the environment (a program that starts
-    processes of its own, or asks, finds it), ``initialize``, then ``target(*args)``."""
+    """One started process: the launcher's environment (a forked process has the fork server's,
+    from when the server started), its place in the run there (a program that starts processes
+    of its own, or asks, finds it), ``initialize``, then ``target(*args)``."""
+    if environment is not None:
+        os.environ.clear()
+        os.environ.update(environment)
     place = {"coordinator": coordinator, "num_processes": str(processes), "process_id": str(rank)}
     os.environ.update({ENVIRONMENT[name]: value for name, value in place.items()})
     os.environ[RESTART_COUNT] = str(restart)
     initialize(cpu_devices=cpu_devices)
     result = target(*args)
+    # The processes leave together (jax.distributed's shutdown waits for every one of them), as
+    # they would at the interpreter's exit; a forked process ends without it (os._exit runs no
+    # exit handler), and one that left early broke the others' collectives still running (process
+    # 0 of ``transformer-ref train --processes N`` decodes with the sharded model after the others
+    # are done: "Gloo AllGather failed: ... Connection reset by peer").
+    import jax
+
+    jax.distributed.shutdown()
     raise SystemExit(result if isinstance(result, int) else 0)
 
 
@@ -156,7 +170,8 @@ def launch(
     them (a coordinator on 127.0.0.1), with ``cpu_devices`` CPU devices each; -> 0 when every
     process exits 0, else the first failure's exit code (the others are stopped then: they would
     wait for it in their next collective); 124 after ``timeout`` seconds. ``target`` must be
-    importable (spawned processes start afresh; their output goes where this one's does).
+    importable (the processes are forked from a server that imports its module, or spawned afresh;
+    their output goes where this one's does).
 
     ``max_restarts``: when a process fails, every process is stopped and the job started again,
     up to this many times (as ``torchrun --max-restarts``), with a new coordinator and
@@ -172,13 +187,38 @@ def launch(
     return code
 
 
+# What the fork server imports once, before it forks the processes (with ``target``'s module)
+PRELOAD = ("jax", "flax.nnx", "jax_impl", "jax_impl.sharding", "jax_impl.sharded_checkpoint")
+
+
+def _context(target: Callable):
+    """Where the processes come from. On Linux, forked from one server process that has imported
+    JAX, this package and ``target``'s module (multiprocessing's fork server, started by the first
+    launch and kept by this process): a fresh interpreter spends ~4 s of CPU importing them, each
+    process and each restart again. Importing JAX starts no backend and no thread (each process
+    starts its own backend, in ``initialize``), so the fork is safe; JAX warns of a fork only after
+    its backend has started. Elsewhere, fresh interpreters (macOS's system libraries are not safe to
+    fork; Windows cannot)."""
+    if not sys.platform.startswith("linux"):
+        return multiprocessing.get_context("spawn")
+    module = target.__module__
+    if module == "__main__":  # run with -m: the server imports it by its name
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        module = spec.name if spec is not None else None
+    context = multiprocessing.get_context("forkserver")
+    # read when the server starts (this process's first launch); it then serves every restart
+    context.set_forkserver_preload([*PRELOAD, *([module] if module else [])])
+    return context
+
+
 def _launch_once(target, args, processes, cpu_devices, deadline, restart) -> int:
-    context = multiprocessing.get_context("spawn")  # fresh interpreters: JAX must not have started
+    context = _context(target)  # JAX's backend is not started here: a process starts its own
     coordinator = f"127.0.0.1:{free_port()}"
+    environment = dict(os.environ)
     started = [
         context.Process(
             target=_process,
-            args=(target, args, coordinator, processes, rank, cpu_devices, restart),
+            args=(target, args, coordinator, processes, rank, cpu_devices, restart, environment),
         )
         for rank in range(processes)
     ]

@@ -55,6 +55,9 @@ SHARDED_PLANS = ("fsdp-4", "dp-x-tp")  # saved under the first (beside its whole
 def run_plans(folder: str) -> None:
     """One process of the run (``initialize``d already): each plan's loss and gradients, then
     STEPS Adam steps, checkpointed every CHECKPOINT_EVERY; written to FOLDER/jax-processes-RANK.npz."""
+    # imported before this process ran anything of its own only if the launcher forked it from its
+    # fork server, which imports the launch's modules once (nothing here or in initialize imports it)
+    preloaded = "jax_impl.sharded_checkpoint" in sys.modules
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -86,6 +89,7 @@ def run_plans(folder: str) -> None:
         results[f"{name}/checkpoint-steps"] = steps
         results |= {f"{name}/weight/{n}": w for n, w in jax_impl.to_params(model).items()}
     results |= resumed_across_processes(folder)
+    results["preloaded"] = np.array(preloaded)
     np.savez(f"{folder}/jax-processes-{jax.process_index()}.npz", **results)
 
 
@@ -136,6 +140,14 @@ def test_every_process_computes_the_same_numbers(processes):
     assert sorted(first) == sorted(second)
     different = [key for key in first if not np.array_equal(first[key], second[key])]
     assert not different, f"the processes differ in {different[:5]}"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="elsewhere the processes start afresh")
+def test_the_processes_are_forked_from_a_server_that_imported_jax_once(processes):
+    """On Linux ``launch`` forks each process from one server process that has imported JAX and the
+    launch's modules (a fresh interpreter spends seconds importing them, each process and each
+    restart again): the processes find the checkpoint module imported before they import anything."""
+    assert [bool(results["preloaded"]) for results in processes] == [True] * PROCESSES
 
 
 @pytest.mark.parametrize("plan_name", list(PLANS))
