@@ -754,7 +754,8 @@ PAGES: tuple[Page, ...] = (
             "_sharded_update, _sharded_loss_and_grads, _compile, _signature, _compiled_step, "
             "_checked, _rows, gather, sharded_train_step, sharded_backward, _sum_over, whole, sharded_logits",
             "sharding.py: _put, _placed",
-            "distributed.py: from_environment, initialize, free_port, _process, launch, _launch_once, _same, place, "
+            "distributed.py: from_environment, initialize, free_port, _process, launch, _context, _launch_once, _same, "
+            "place, "
             "replicated, local",
             "sharded_checkpoint.py: save, restore, restore_moments, whole_tensors",
             "sharded_checkpoint.py: device_file, writers, device_tensors, whole_tensor, _transposed, state_dict, "
@@ -819,6 +820,8 @@ PAGES: tuple[Page, ...] = (
             "_check_shapes": "No counterpart: as _metadata.",
             "_save_sharded": "torch: inside _train_rank's save; NumPy: inside sharded_train's save.",
             "_launch_once": "No counterpart: torchrun restarts torch's ranks; NumPy's devices are threads.",
+            "_context": "No counterpart: torchrun starts each rank as a fresh interpreter; the tests' torch ranks "
+            "are forked from their launcher; NumPy's devices are threads.",
             "wrap_units": "No counterpart: torch wraps the layers once, before training; NumPy's plan lists "
             "its units (fsdp_units).",
             "data_sharded_loss": "NumPy: Replica.loss_and_grads; torch: each rank's step (sharded_train_step).",
