@@ -177,8 +177,9 @@ def launch(
     up to this many times (as ``torchrun --max-restarts``), with a new coordinator and
     ``RESTART_COUNT`` in the environment; the job resumes from its own checkpoint."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    context = _context(target)  # JAX's backend is not started here: a process starts its own
     for restart in range(max_restarts + 1):
-        code = _launch_once(target, args, processes, cpu_devices, deadline, restart)
+        code = _launch_once(context, target, args, processes, cpu_devices, deadline, restart)
         if code in (0, 124) or restart == max_restarts:
             return code
         print(f"a process of the job failed (exit status {code}): starting the job again "
@@ -206,13 +207,13 @@ def _context(target: Callable):
         spec = getattr(sys.modules["__main__"], "__spec__", None)
         module = spec.name if spec is not None else None
     context = multiprocessing.get_context("forkserver")
-    # read when the server starts (this process's first launch); it then serves every restart
+    # read when the server starts (this process's first launch); it then serves every restart,
+    # and every later launch of this process (whose preload is then not read again)
     context.set_forkserver_preload([*PRELOAD, *([module] if module else [])])
     return context
 
 
-def _launch_once(target, args, processes, cpu_devices, deadline, restart) -> int:
-    context = _context(target)  # JAX's backend is not started here: a process starts its own
+def _launch_once(context, target, args, processes, cpu_devices, deadline, restart) -> int:
     coordinator = f"127.0.0.1:{free_port()}"
     environment = dict(os.environ)
     started = [
