@@ -352,11 +352,6 @@ def _smollm2_markdown(smollm2: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def write_json(results: dict[str, Any], path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1, sort_keys=False)
-
-
 def plot_sweep(sweep: dict[str, Any], path: str) -> str | None:
     """Time against sequence length, log-log, one line per implementation; a note if matplotlib is missing."""
     try:

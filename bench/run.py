@@ -228,11 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         problem = report.plot_sweep(results["sweep"], os.path.join(args.out, "seq_sweep.png"))
         if problem:
             results["skipped"]["plot"] = problem
-    text = report.markdown(results)
-    print(text)
-    with open(os.path.join(args.out, "latest.md"), "w") as f:
-        f.write(text + "\n")
-    report.write_json(results, os.path.join(args.out, "latest.json"))
+    report.write_latest(args.out, results, report.markdown(results))
     return results
 
 
