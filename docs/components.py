@@ -30,7 +30,7 @@ class Page:
 
 # Backend-only helpers that belong to no page (each is one line of framework glue).
 NOT_SHOWN = {
-    "layers.py": {"_torch_dtype"},
+    "layers.py": {"_torch_dtype", "_filled", "_zeros"},
     "module.py": {"with_prefix"},
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.nnx import Module
 from jax import Array
@@ -27,17 +28,30 @@ def Linear(d_in: int, d_out: int, bias: bool = True, dtype: str = "float32") -> 
     # JAX: a factory returning a plain nnx.Linear that computes exactly x @ weight + bias: dtype
     # and param_dtype put the weights *and* the computation in one dtype (Flax casts the input
     # to dtype, where NumPy would promote float32 weights and a float64 input to float64);
-    # kernel_init=zeros, as from_params always overwrites the weights (rngs: a fixed dummy).
+    # zeros, as from_params always overwrites the weights (rngs: a fixed dummy).
     return nnx.Linear(  # differs: framework-layers
         d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=dtype,
-        kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0),
+        kernel_init=_zeros, bias_init=_zeros, rngs=nnx.Rngs(0),
     )  # fmt: skip
 
 
 def parameter(shape: tuple[int, ...], dtype: str = "float32", value: float = 0.0) -> nnx.Param:
     """A trained array of ``shape`` in ``dtype``, every entry ``value`` until the weights are
     loaded (``from_params``)."""
-    return nnx.Param(jnp.full(shape, value, dtype=dtype))  # (...), shape
+    return nnx.Param(_filled(shape, dtype, value))  # (...), shape  # differs: jax-eager-compile
+
+
+# speed: the placeholders are made by NumPy and copied to the device: jnp.full, Flax's zeros
+# initializer and jnp.asarray each compile an XLA program for every new shape (~15 ms each), most
+# of what a fresh process spent building a model whose weights from_params then overwrites
+# differs: jax-eager-compile
+def _filled(shape: tuple[int, ...], dtype, value: float = 0.0) -> Array:
+    return jax.device_put(np.full(shape, value, dtype=jnp.dtype(dtype)))  # (...), shape
+
+
+# differs: jax-eager-compile
+def _zeros(key, shape: tuple[int, ...], dtype) -> Array:  # Flax's initializer signature
+    return _filled(shape, dtype)  # (...), shape
 
 
 class Dropout(Module):

@@ -116,6 +116,10 @@ REASONS: dict[str, str] = {
     "jax-host-float64": "JAX has float64 only in 64-bit mode: a constant table (the sinusoids) is computed on "
     "the host with NumPy in float64, as the other backends compute it, and handed to JAX in the model's "
     "dtype afterwards; computed in JAX's float32 its angles would be off by up to 3e-5 at position 512.",
+    "jax-eager-compile": "JAX compiles even what runs eagerly: a jnp call on a shape it has not seen "
+    "(jnp.full, jnp.array's cast) is an XLA program compiled on first use, ~15 ms each. A model's "
+    "placeholder weights, and the weights loaded into it, are made and cast by NumPy on the host and "
+    "put on the device (jax.device_put), which compiles nothing; torch and NumPy make them directly.",
     "jax-index-fill": "JAX never raises on an out-of-range index (weight[ids] clamps a bad id to the last "
     "row), and inside jit the ids' values are unknown: the embedding lookup fills an id outside the "
     "table with a row of NaN, loud rather than silently wrong. NumPy and torch raise.",

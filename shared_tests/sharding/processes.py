@@ -193,8 +193,9 @@ def lost_rank(framework: str):
     run one after another by ``python -m shared_tests.sharding.test_lost_rank FOLDER FRAMEWORK``."""
 
     def commands(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+        # The run's persistent compilation cache kept: a restarted job compiles what the job before
+        # it compiled (JAX writes a program to it from process 0 only, so process 0 reads it back)
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        env.pop("JAX_COMPILATION_CACHE_DIR", None)  # as jax_children: no other process compiles these
         module = "shared_tests.sharding.test_lost_rank"
         return {framework: [sys.executable, "-m", module, str(folder), framework]}, env
 
