@@ -189,7 +189,7 @@ def torch_checkpoints(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[
 
 
 def lost_rank(framework: str):
-    """test_lost_rank.py's three jobs of ``framework`` (torchrun's ranks, or JAX's 2 processes),
+    """test_lost_rank.py's two jobs of ``framework`` (torchrun's ranks, or JAX's 2 processes),
     run one after another by ``python -m shared_tests.sharding.test_lost_rank FOLDER FRAMEWORK``."""
 
     def commands(folder: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, str]]:

@@ -13,16 +13,18 @@ moments are exactly the uninterrupted run's:
 
 processes.py starts ``python -m shared_tests.sharding.test_lost_rank FOLDER FRAMEWORK`` once per run
 for torch and for JAX, side by side; each runs its two jobs (uninterrupted, then the one that loses
-a rank twice: both faults in one job, one launch fewer than a job each) one after the other, each
-job's output kept in FOLDER/lost-<framework>-<job>.log and its last committed step consolidated
-into FOLDER/lost-<framework>-<job>.safetensors.
+a rank twice: both faults in one job, one launch fewer than a job each) one after the other, both
+launchers called in that process (``torch.distributed.run.main``, the program behind the torchrun
+command; ``transformer_cli.main.main``, behind transformer-ref): the jobs are the commands', and the
+launcher's imports, and JAX's fork server, are paid once for both. Their output, the launchers' and
+the ranks', goes to FOLDER/lost-<framework>.log; each job's last committed step is consolidated into
+FOLDER/lost-<framework>-<job>.safetensors.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -40,31 +42,65 @@ FAULTS = {"mid-step": "step:3:1", "mid-save": "save:4:0"}  # what each fault is,
 JOBS = ("uninterrupted", "lost")  # the second job has every fault of FAULTS
 TRAIN = ["train", "--task", "next-word", "--heads", "4", "--d-ff", "48", "--dtype", "float64", "--dropout", "0.1",
          "--steps", str(STEPS), "--checkpoint-every", str(EVERY)]  # fmt: skip
-COMMANDS = {  # framework: (the launcher's argv before the command's, the command's plan options)
-    "torch": ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "--max-restarts", "2", "-m", "transformer_cli"], ["--backend", "torch", "--fsdp", "2"]),
-    "jax": ([sys.executable, "-m", "transformer_cli"],
-            ["--backend", "jax", "--fsdp", "2", "--tensor-parallel", "2", "--processes", "2", "--max-restarts", "2"]),
+LAUNCHERS = {  # framework: (the launcher's options before the command's, the command's plan options)
+    "torch": (["--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "-m", "transformer_cli"],
+              ["--backend", "torch", "--fsdp", "2"]),
+    "jax": ([], ["--backend", "jax", "--fsdp", "2", "--tensor-parallel", "2", "--processes", "2", "--max-restarts", "2"]),
 }  # fmt: skip
-JOB_TIMEOUT = 240
+
+
+def _launch(framework: str, argv: list[str]) -> int:
+    """One job, its launcher called here: torchrun's (which starts the command's ranks as fresh
+    interpreters, and again after a loss) or transformer-ref's (whose --processes launcher forks
+    them from its fork server); -> its exit status."""
+    try:
+        if framework == "torch":
+            from torch.distributed import run
+            from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+            try:
+                run.main(argv)
+            except ChildFailedError:  # torchrun's report of it is in the log
+                return 1
+            return 0
+        from transformer_cli.main import main
+
+        return main(argv)
+    except SystemExit as exit:  # a usage error: one line in the log
+        return exit.code if isinstance(exit.code, int) else 1
 
 
 def run_jobs(folder: str, framework: str) -> int:
-    """The two jobs of ``framework``, in turn; -> the first failure's status."""
-    launcher, plan = COMMANDS[framework]
+    """The two jobs of ``framework``, in turn; -> the first failure's status (the log's end on the
+    standard error this process was given)."""
+    options, plan = LAUNCHERS[framework]
+    given = {stream: os.dup(stream) for stream in (1, 2)}
+    with open(f"{folder}/lost-{framework}.log", "w") as log:
+        for stream in given:  # what the ranks started from here write, too
+            os.dup2(log.fileno(), stream)
+        try:
+            for job in JOBS:
+                os.environ.pop(ENVIRONMENT, None)
+                if job == "lost":
+                    os.environ[ENVIRONMENT] = ",".join(f"{fault}:{folder}/lost-{framework}-{name}.fired"
+                                                       for name, fault in FAULTS.items())  # fmt: skip
+                print(f"--- {framework} {job}", flush=True)
+                code = _launch(framework, [*options, *TRAIN, *plan, "--save", f"{folder}/lost-{framework}-{job}"])
+                if code:
+                    print(f"{framework} {job}: exit status {code}", flush=True)
+                    break
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for stream, where in given.items():
+                os.dup2(where, stream)
+    if code:
+        print(f"{framework} {job}: exit status {code}; its log ends:\n{open(log.name).read()[-5000:]}", file=sys.stderr)
+        return code
     for job in JOBS:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        env.pop(ENVIRONMENT, None)
-        if job == "lost":
-            env[ENVIRONMENT] = ",".join(f"{fault}:{folder}/lost-{framework}-{name}.fired" for name, fault in FAULTS.items())
-        with open(f"{folder}/lost-{framework}-{job}.log", "w") as log:
-            done = subprocess.run([*launcher, *TRAIN, *plan, "--save", f"{folder}/lost-{framework}-{job}"], env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, timeout=JOB_TIMEOUT, cwd=folder)  # fmt: skip
-        if done.returncode:
-            print(f"{framework} {job}: exit status {done.returncode}, see {log.name}", file=sys.stderr)
-            return done.returncode
-        # the job's last committed step as one file, for the tests (read here: the framework's checkpoint
-        # readers, Orbax's threads among them, stay out of the pytest workers)
+        # each job's last committed step as one file, for the tests (read here, after both jobs: the
+        # framework's checkpoint readers, Orbax's threads among them, stay out of the pytest workers,
+        # and JAX's backend out of this process until its launches are done)
         sharded_checkpoint.consolidate(f"{folder}/lost-{framework}-{job}", f"{folder}/lost-{framework}-{job}.safetensors")
     return 0
 
@@ -78,7 +114,7 @@ def _ended(folder, framework: str, job: str):
     return np.array(ended.state.losses), ended.params, ended.state.moments
 
 
-@pytest.fixture(scope="module", params=list(COMMANDS))
+@pytest.fixture(scope="module", params=list(LAUNCHERS))
 def jobs(request, sharded_runs):
     framework = request.param
     if not sharded_runs.available(f"lost-rank-{framework}"):
@@ -94,7 +130,7 @@ def test_a_job_that_loses_a_rank_ends_bit_for_bit_where_the_uninterrupted_one_en
     folder, framework = jobs
     for fault in FAULTS:
         assert os.path.exists(os.path.join(folder, f"lost-{framework}-{fault}.fired")), f"{framework}: no rank lost {fault}"
-    log = open(os.path.join(folder, f"lost-{framework}-lost.log")).read()
+    log = open(os.path.join(folder, f"lost-{framework}.log")).read()
     # what each launcher says of a lost process (torchrun, of the worker it restarts)
     restarts = log.count("restart 2 of 2") + log.count("restart 1 of 2") if framework == "jax" else log.count("exitcode: -9")
     assert restarts == 2, f"{framework}: {restarts} restarts, not 2:\n{log[-3000:]}"
@@ -165,4 +201,5 @@ def test_a_fault_spec_that_means_nothing_is_refused(monkeypatch):
 
 
 if __name__ == "__main__":  # a framework's jobs: python -m shared_tests.sharding.test_lost_rank FOLDER FRAMEWORK
+    os.chdir(sys.argv[1])  # what a launcher writes where it runs stays in the run's folder
     raise SystemExit(run_jobs(sys.argv[1], sys.argv[2]))
