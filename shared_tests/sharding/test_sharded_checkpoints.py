@@ -9,8 +9,6 @@ matrix in test_torch_checkpoints.py and test_jax_checkpoints.py."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tracemalloc
 
 import numpy as np
@@ -23,6 +21,7 @@ from transformer_run.sharding import Plan
 from transformer_spec import WeightsFileError, init_params
 from transformer_spec.io import FORMAT, write_safetensors
 
+from ..helpers import one_line_error
 from .cases import (
     MEMORY_CASE,
     RESUMED_STEPS,
@@ -144,28 +143,24 @@ def test_saving_under_fsdp_4_holds_a_device_s_pieces_and_one_tensor(tmp_path):
         assert (held + extra) / one_device <= 0.3, f"device {rank}: {(held + extra) / one_device:.3f}"
 
 
-def test_the_command_line_saves_resumes_under_another_plan_and_consolidates(tmp_path):
+def test_the_command_line_saves_resumes_under_another_plan_and_consolidates(tmp_path, monkeypatch, capsys):
     """transformer-ref train --fsdp 2 --tensor-parallel 2 --save DIR, then --resume DIR under tensor
     parallel 2, then consolidate, then --resume FILE on one device: the loss of the last step is the
-    uninterrupted run's, printed to 4 places; a bad folder is one line and exit status 2."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    base = [sys.executable, "-m", "transformer_cli", "train", "--task", "next-word", "--heads", "4", "--d-ff", "48",
-            "--dtype", "float64"]  # fmt: skip
+    uninterrupted run's, printed to 4 places; a bad folder is one line and exit status 2. The
+    commands run in this process (``transformer_cli.main``, what the command runs; NumPy's simulated
+    devices start no process)."""
+    from transformer_cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--task", "next-word", "--heads", "4", "--d-ff", "48", "--dtype", "float64"]
 
     def last_loss(*options):
-        done = subprocess.run([*base, *options], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return [line for line in done.stdout.splitlines() if line.startswith("loss:")][-1]
-
-    def cli(*options):
-        return subprocess.run([sys.executable, "-m", "transformer_cli", *options], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert main([*base, *options]) == 0
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith("loss:")][-1]
 
     last_loss("--fsdp", "2", "--tensor-parallel", "2", "--steps", "10", "--save", "run")
     last_loss("--resume", "run", "--tensor-parallel", "2", "--steps", "20")
-    assert cli("checkpoint", "consolidate", "run", "run.safetensors").returncode == 0
+    assert main(["checkpoint", "consolidate", "run", "run.safetensors"]) == 0
     resumed = last_loss("--resume", "run.safetensors", "--steps", "30", "--save", "one.safetensors")
     assert resumed.split(", last ")[1] == last_loss("--steps", "30").split(", last ")[1]
-    bad = cli("checkpoint", "consolidate", ".", "x.safetensors")
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-    assert "holds no committed sharded checkpoint" in bad.stderr
+    one_line_error(capsys, ["checkpoint", "consolidate", ".", "x.safetensors"], "holds no committed sharded checkpoint")
